@@ -1,0 +1,122 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# Finds dpmlp's public dependencies. Used by the top-level CMakeLists.txt and, installed, by dpmlpConfig.cmake,
+# so a consumer gets exactly the same targets and fixes as dpmlp's own build.
+#
+# Sets DPMLP_KOKKOS_HAS_CUDA / DPMLP_KOKKOS_HAS_HIP / DPMLP_KOKKOS_HAS_OPENMP, and, on CUDA builds,
+# DPMLP_HAVE_CUBLAS / DPMLP_HAVE_NCCL with the imported targets CUDA::cublas and dpmlp::nccl.
+
+include(CMakeFindDependencyMacro)
+
+if(NOT DEFINED DPMLP_FIND_DEPENDENCY)
+  # In dpmlp's own build a missing dependency is fatal; in a consumer, find_dependency reports it.
+  macro(_dpmlp_find name)
+    find_package(${name} ${ARGN} REQUIRED)
+  endmacro()
+else()
+  macro(_dpmlp_find name)
+    find_dependency(${name} ${ARGN})
+  endmacro()
+endif()
+
+# A version range ("3.4...<5") rejects Debian's 3.4.01, so ask for a minimum only.
+_dpmlp_find(Kokkos 3.4)
+
+# Debian's Kokkos 3.4 (Trilinos 13.2 packaging) attaches the non-existent include dir /usr/lib/include to
+# its targets, which CMake then refuses. Replace every include dir that does not exist with the real
+# Kokkos_INCLUDE_DIRS, once, on the imported targets themselves, so no dpmlp or consumer target needs a fix.
+if(Kokkos_VERSION VERSION_LESS 4.0 AND DEFINED Kokkos_INCLUDE_DIRS)
+  set(_dpmlp_kokkos_inc "")
+  foreach(_dir IN LISTS Kokkos_INCLUDE_DIRS)
+    get_filename_component(_real "${_dir}" REALPATH)
+    list(APPEND _dpmlp_kokkos_inc "${_real}")
+  endforeach()
+  foreach(_tgt Kokkos::kokkos Kokkos::kokkoscore Kokkos::kokkoscontainers Kokkos::kokkosalgorithms
+               kokkos kokkoscore kokkoscontainers kokkosalgorithms)
+    if(TARGET ${_tgt})
+      get_target_property(_aliased ${_tgt} ALIASED_TARGET)
+      if(_aliased)
+        continue()
+      endif()
+      get_target_property(_incs ${_tgt} INTERFACE_INCLUDE_DIRECTORIES)
+      if(_incs)
+        set(_keep "")
+        foreach(_inc IN LISTS _incs)
+          if(_inc MATCHES "^\\$<" OR EXISTS "${_inc}")
+            list(APPEND _keep "${_inc}")
+          endif()
+        endforeach()
+        list(APPEND _keep ${_dpmlp_kokkos_inc})
+        list(REMOVE_DUPLICATES _keep)
+        set_target_properties(${_tgt} PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${_keep}")
+      endif()
+    endif()
+  endforeach()
+endif()
+
+set(DPMLP_KOKKOS_HAS_CUDA OFF)
+set(DPMLP_KOKKOS_HAS_HIP OFF)
+set(DPMLP_KOKKOS_HAS_OPENMP OFF)
+if("CUDA" IN_LIST Kokkos_DEVICES OR Kokkos_ENABLE_CUDA)
+  set(DPMLP_KOKKOS_HAS_CUDA ON)
+endif()
+if("HIP" IN_LIST Kokkos_DEVICES OR Kokkos_ENABLE_HIP)
+  set(DPMLP_KOKKOS_HAS_HIP ON)
+endif()
+if("OPENMP" IN_LIST Kokkos_DEVICES OR Kokkos_ENABLE_OPENMP)
+  set(DPMLP_KOKKOS_HAS_OPENMP ON)
+endif()
+
+_dpmlp_find(MPI)
+if(NOT TARGET MPI::MPI_CXX)
+  message(FATAL_ERROR "dpmlp needs MPI with C++ bindings target MPI::MPI_CXX (OpenMPI: libopenmpi-dev)")
+endif()
+_dpmlp_find(Eigen3 3.3 NO_MODULE)
+
+set(DPMLP_HAVE_CUBLAS OFF)
+set(DPMLP_HAVE_NCCL OFF)
+if(DPMLP_KOKKOS_HAS_CUDA)
+  if(NOT DEFINED DPMLP_ENABLE_CUBLAS)
+    set(DPMLP_ENABLE_CUBLAS ON)
+  endif()
+  if(NOT DEFINED DPMLP_ENABLE_NCCL)
+    set(DPMLP_ENABLE_NCCL ON)
+  endif()
+  if(DPMLP_ENABLE_CUBLAS OR DPMLP_ENABLE_NCCL)
+    _dpmlp_find(CUDAToolkit)
+  endif()
+  if(DPMLP_ENABLE_CUBLAS AND TARGET CUDA::cublas)
+    set(DPMLP_HAVE_CUBLAS ON)
+  endif()
+  if(DPMLP_ENABLE_NCCL)
+    find_path(DPMLP_NCCL_INCLUDE_DIR nccl.h HINTS ${NCCL_ROOT} ENV NCCL_ROOT ${CUDAToolkit_INCLUDE_DIRS}
+              PATH_SUFFIXES include)
+    find_library(DPMLP_NCCL_LIBRARY nccl HINTS ${NCCL_ROOT} ENV NCCL_ROOT ${CUDAToolkit_LIBRARY_DIR}
+                 PATH_SUFFIXES lib lib64)
+    if(DPMLP_NCCL_INCLUDE_DIR AND DPMLP_NCCL_LIBRARY)
+      set(DPMLP_HAVE_NCCL ON)
+      if(NOT TARGET dpmlp::nccl)
+        add_library(dpmlp::nccl UNKNOWN IMPORTED)
+        set_target_properties(dpmlp::nccl PROPERTIES IMPORTED_LOCATION "${DPMLP_NCCL_LIBRARY}"
+                                                     INTERFACE_INCLUDE_DIRECTORIES "${DPMLP_NCCL_INCLUDE_DIR}")
+      endif()
+    else()
+      message(STATUS "dpmlp: NCCL not found; the MPI communicator is the only one")
+    endif()
+  endif()
+endif()
+
+# Attaches dependencies and backend switches to an INTERFACE target (dpmlp's own or the imported one).
+function(dpmlp_link_dependencies target)
+  target_link_libraries(${target} INTERFACE Kokkos::kokkos MPI::MPI_CXX Eigen3::Eigen)
+  if(DPMLP_HAVE_CUBLAS)
+    target_link_libraries(${target} INTERFACE CUDA::cublas)
+    target_compile_definitions(${target} INTERFACE DPMLP_HAVE_CUBLAS=1)
+  endif()
+  if(DPMLP_HAVE_NCCL)
+    target_link_libraries(${target} INTERFACE dpmlp::nccl)
+    target_compile_definitions(${target} INTERFACE DPMLP_HAVE_NCCL=1)
+  endif()
+  if(DPMLP_KOKKOS_HAS_CUDA)
+    target_link_libraries(${target} INTERFACE CUDA::cudart)
+  endif()
+endfunction()
