@@ -5,4 +5,13 @@
 
 #include "dpmlp/version.hpp"
 #include "dpmlp/kokkos_compat.hpp"
+#include "dpmlp/errors.hpp"
+#include "dpmlp/digest.hpp"
 #include "dpmlp/devices.hpp"
+#include "dpmlp/random.hpp"
+#include "dpmlp/linalg/gemm.hpp"
+#include "dpmlp/comm/communicator.hpp"
+#include "dpmlp/reduction.hpp"
+#include "dpmlp/standardizer.hpp"
+#include "dpmlp/mlp.hpp"
+#include "dpmlp/data_parallel_trainer.hpp"

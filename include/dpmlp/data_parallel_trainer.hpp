@@ -1,0 +1,261 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// dpmlp/data_parallel_trainer.hpp: data-parallel training, one MPI rank per device.
+//
+// The batch is sharded over the ranks of a communicator (whole row blocks per rank), the parameters are
+// replicated, and each step the gradient of the global mean squared error is summed across ranks with one
+// collective over one contiguous buffer (gradient + loss). Every kernel runs on the trainer's ExecSpace.
+//
+//   using Trainer = dpmlp::DataParallelTrainer<Kokkos::DefaultExecutionSpace>;
+//   dpmlp::Mlp<float, Trainer::memory_space> model({32, 32, 1});
+//   Trainer trainer(MPI_COMM_WORLD, model, global_rows, {/*learning_rate=*/0.02});
+//   auto shard = trainer.shard();              // the rows this rank must provide
+//   trainer.set_data(x_local, y_local);        // Views of shard.rows() rows, in Trainer::memory_space
+//   auto result = trainer.train(100);          // result.first_loss, result.last_loss
+#pragma once
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "dpmlp/comm/communicator.hpp"
+#include "dpmlp/digest.hpp"
+#include "dpmlp/errors.hpp"
+#include "dpmlp/kokkos_compat.hpp"
+#include "dpmlp/linalg/gemm.hpp"
+#include "dpmlp/mlp.hpp"
+#include "dpmlp/reduction.hpp"
+
+namespace dpmlp {
+
+struct TrainerOptions {
+  double learning_rate = 0.02;  // plain SGD: p <- p - learning_rate * grad
+  // reproducible: the final parameters are bitwise identical whatever the rank count (docs/design.md).
+  Reduction reduction = Reduction::reproducible;
+  std::int64_t block_rows = 0;  // rows per reduction block; 0: default_block_rows(global rows)
+  std::optional<linalg::Backend> gemm;  // default: linalg::default_backend<ExecSpace>(reproducible)
+  // At start, rank 0's parameters are broadcast to every rank. With `false`, the ranks instead check that
+  // they already hold the same parameters (by digest) and refuse to train if not.
+  bool broadcast_initial_params = true;
+};
+
+struct TrainResult {
+  double first_loss = 0, last_loss = 0;
+  int steps = 0;
+};
+
+template <class ExecSpace, class Comm = default_communicator_t<ExecSpace>, class Scalar = float>
+class DataParallelTrainer {
+  static_assert(Kokkos::is_execution_space<ExecSpace>::value,
+                "DataParallelTrainer<ExecSpace, ...>: ExecSpace must be a Kokkos execution space");
+  static_assert(is_communicator<Comm>::value,
+                "DataParallelTrainer<..., Comm>: Comm must model the Communicator concept (comm/communicator.hpp)");
+
+ public:
+  using execution_space = ExecSpace;
+  using memory_space = typename ExecSpace::memory_space;
+  using communicator_type = Comm;
+  using scalar_type = Scalar;
+  using model_type = Mlp<Scalar, memory_space>;
+  using matrix = Kokkos::View<Scalar**, Kokkos::LayoutRight, memory_space>;
+  using const_matrix = Kokkos::View<const Scalar**, Kokkos::LayoutRight, memory_space>;
+
+  // Collective over `comm`. `model` is shared, not copied: training updates its parameters in place.
+  DataParallelTrainer(MPI_Comm comm, const model_type& model, std::int64_t global_rows,
+                      const TrainerOptions& options = TrainerOptions(), const ExecSpace& space = ExecSpace())
+      : comm_(comm), model_(model), options_(options), space_(space) {
+    MPI_Comm c = comm_.mpi_comm();
+    std::string problem;
+    if (!(options.learning_rate > 0) || !std::isfinite(options.learning_rate)) {
+      problem = "learning rate must be positive and finite, got " + std::to_string(options.learning_rate);
+    } else if (global_rows <= 0) {
+      problem = "zero rows";
+    } else if (global_rows < comm_.size()) {
+      problem = "fewer rows (" + std::to_string(global_rows) + ") than ranks (" + std::to_string(comm_.size()) + ")";
+    } else if (options.block_rows < 0) {
+      problem = "block_rows must be positive (or 0 for the default)";
+    }
+    agree(c, problem.empty() ? problem : "dpmlp::DataParallelTrainer: " + problem);
+    global_rows_ = global_rows;
+    block_ = options.block_rows > 0 ? options.block_rows : default_block_rows(global_rows);
+    plan_ = BlockTreePlan(global_rows, block_, comm_.rank(), comm_.size());
+    gemm_ = options.gemm ? *options.gemm : linalg::default_backend<ExecSpace>(options.reduction == Reduction::reproducible);
+    engine_ = detail::BlockEngine<ExecSpace, Scalar>(model_, plan_.shard().rows(), block_, gemm_);
+    reducer_ = BlockTreeReducer<ExecSpace, Scalar>(plan_, engine_.width(), options.reduction);
+    sync_parameters();
+  }
+
+  const Shard& shard() const { return plan_.shard(); }
+  std::int64_t global_rows() const { return global_rows_; }
+  std::int64_t block_rows() const { return block_; }
+  linalg::Backend gemm_backend() const { return gemm_; }
+  const TrainerOptions& options() const { return options_; }
+  const Comm& communicator() const { return comm_; }
+  const model_type& model() const { return model_; }
+  const ExecSpace& space() const { return space_; }
+
+  // This rank's rows: x is shard().rows() x inputs, y is shard().rows() x outputs, LayoutRight, in
+  // memory_space. No copy is made: the trainer keeps the Views. Collective: every rank validates its rows
+  // (shapes, non-finite values) and all ranks throw the first failing rank's InputError.
+  void set_data(const const_matrix& x, const const_matrix& y) {
+    std::string problem = check_shapes(x, y);
+    if (problem.empty()) problem = find_non_finite(x, "x");
+    if (problem.empty()) problem = find_non_finite(y, "y");
+    agree(comm_.mpi_comm(), problem);
+    x_ = x;
+    y_ = y;
+    has_data_ = true;
+  }
+
+  // Runs `steps` SGD steps. The losses stay on the device until the run ends; the only host waits inside
+  // the loop are those of a host-synchronous communicator (MPI with device data staged through the host).
+  // Non-finite losses are checked once, at the end of the run, and reported with the first bad step.
+  TrainResult train(int steps) {
+    std::string problem;
+    if (steps <= 0) problem = "dpmlp::DataParallelTrainer::train: steps must be positive, got " + std::to_string(steps);
+    if (problem.empty() && !has_data_) problem = "dpmlp::DataParallelTrainer::train: set_data() first";
+    agree(comm_.mpi_comm(), problem);
+    if (losses_.extent(0) < static_cast<std::size_t>(steps)) {
+      losses_ = Kokkos::View<Scalar*, memory_space>("dpmlp::losses", steps);
+    }
+    const Scalar inv = Scalar(1.0 / (static_cast<double>(global_rows_) * model_.outputs()));
+    for (int s = 0; s < steps; ++s) step_into(s, inv);
+    compat::fence(space_, "dpmlp::DataParallelTrainer::train");
+    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), losses_);
+    for (int s = 0; s < steps; ++s) {
+      if (!std::isfinite(static_cast<double>(host(s)))) {
+        throw TrainingError("dpmlp: the loss is not finite (" + std::to_string(host(s)) + ") at step " +
+                            std::to_string(steps_done_ + s + 1) + " of this run; training stopped");
+      }
+    }
+    steps_done_ += steps;
+    TrainResult r;
+    r.first_loss = host(0);
+    r.last_loss = host(steps - 1);
+    r.steps = steps;
+    return r;
+  }
+
+  // Steps taken so far (over all train() calls).
+  std::int64_t steps_done() const { return steps_done_; }
+
+ private:
+  void step_into(int s, Scalar inv) {
+    engine_.compute(space_, x_, y_, inv);
+    const auto total = reducer_.reduce(space_, engine_.partials(), comm_);
+    const auto params = model_.params();
+    const auto losses = losses_;
+    const std::int64_t P = static_cast<std::int64_t>(model_.num_params());
+    const Scalar rate = static_cast<Scalar>(options_.learning_rate);
+    Kokkos::parallel_for(
+        "dpmlp::sgd_update", Kokkos::RangePolicy<ExecSpace>(space_, 0, P + 1), KOKKOS_LAMBDA(const std::int64_t i) {
+          if (i < P) {
+            params(i) = params(i) - rate * total(i);
+          } else {
+            losses(s) = total(P) * inv;
+          }
+        });
+  }
+
+  void sync_parameters() {
+    const auto params = model_.params();
+    if (options_.broadcast_initial_params) {
+      comm_.broadcast(space_, params, 0);
+      compat::fence(space_, "dpmlp::DataParallelTrainer::broadcast");
+      return;
+    }
+    const std::uint64_t mine = digest(params);
+    std::uint64_t root = mine;
+    detail::check_mpi(MPI_Bcast(&root, 1, MPI_UINT64_T, 0, comm_.mpi_comm()), "MPI_Bcast");
+    agree(comm_.mpi_comm(), mine == root ? std::string()
+                                         : "dpmlp::DataParallelTrainer: this rank's parameters (digest " + hex16(mine) +
+                                               ") differ from rank 0's (" + hex16(root) + "); refusing to train");
+  }
+
+  std::string check_shapes(const const_matrix& x, const const_matrix& y) const {
+    const auto rows = static_cast<std::size_t>(plan_.shard().rows());
+    auto shape = [](const const_matrix& v) {
+      return std::to_string(v.extent(0)) + "x" + std::to_string(v.extent(1));
+    };
+    if (x.extent(0) != rows || x.extent(1) != static_cast<std::size_t>(model_.inputs())) {
+      return "dpmlp::DataParallelTrainer::set_data: x is " + shape(x) + ", expected " + std::to_string(rows) + "x" +
+             std::to_string(model_.inputs()) + " (this rank's shard: global rows " +
+             std::to_string(plan_.shard().first_row) + ".." + std::to_string(plan_.shard().end_row) + ", model inputs)";
+    }
+    if (y.extent(0) != rows || y.extent(1) != static_cast<std::size_t>(model_.outputs())) {
+      return "dpmlp::DataParallelTrainer::set_data: y is " + shape(y) + ", expected " + std::to_string(rows) + "x" +
+             std::to_string(model_.outputs()) + " (this rank's shard rows x model outputs)";
+    }
+    return {};
+  }
+
+  // The first non-finite element of v, as "global row R, column C", or "".
+  std::string find_non_finite(const const_matrix& v, const char* name) const {
+    const std::int64_t cols = v.extent(1);
+    const std::int64_t n = std::int64_t(v.extent(0)) * cols;
+    std::int64_t first = n;
+    Kokkos::parallel_reduce(
+        "dpmlp::find_non_finite", Kokkos::RangePolicy<ExecSpace>(space_, 0, n),
+        KOKKOS_LAMBDA(const std::int64_t i, std::int64_t& m) {
+          const Scalar value = v(i / cols, i % cols);
+          if (!compat::isfinite(value) && i < m) m = i;
+        },
+        Kokkos::Min<std::int64_t>(first));
+    if (first >= n) return {};
+    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+    const double bad = static_cast<double>(host(first / cols, first % cols));
+    return std::string("dpmlp: ") + name + " has a non-finite value (" + std::to_string(bad) + ") at global row " +
+           std::to_string(plan_.shard().first_row + first / cols) + ", column " + std::to_string(first % cols);
+  }
+
+  Comm comm_;
+  model_type model_;
+  TrainerOptions options_;
+  ExecSpace space_;
+  std::int64_t global_rows_ = 0, block_ = 1, steps_done_ = 0;
+  BlockTreePlan plan_;
+  linalg::Backend gemm_ = linalg::Backend::portable;
+  detail::BlockEngine<ExecSpace, Scalar> engine_;
+  BlockTreeReducer<ExecSpace, Scalar> reducer_;
+  const_matrix x_, y_;
+  bool has_data_ = false;
+  Kokkos::View<Scalar*, memory_space> losses_;
+};
+
+namespace detail {
+// A one-rank plan never communicates; this stands in for a communicator there.
+struct NoCommunicator {
+  template <class... A>
+  void allreduce_sum(A&&...) const {}
+  template <class... A>
+  void allgather(A&&...) const {}
+};
+}  // namespace detail
+
+// Single-device value and gradient of the mean squared error: grad (num_params) <- d loss / d params; returns
+// the loss. Same block-wise computation as the trainer (so the same bits as a one-rank trainer step).
+template <class ExecSpace, class Scalar, class X, class Y, class G>
+Scalar value_and_grad(const ExecSpace& space, const Mlp<Scalar, typename ExecSpace::memory_space>& model,
+                      const X& x, const Y& y, const G& grad, std::int64_t block_rows = 0) {
+  const std::int64_t rows = x.extent(0);
+  if (rows <= 0) throw InputError("dpmlp::value_and_grad: zero rows");
+  if (grad.extent(0) != model.num_params()) throw InputError("dpmlp::value_and_grad: grad has the wrong size");
+  const std::int64_t block = block_rows > 0 ? block_rows : default_block_rows(rows);
+  const BlockTreePlan plan(rows, block, 0, 1);
+  const auto backend = linalg::default_backend<ExecSpace>(true);
+  detail::BlockEngine<ExecSpace, Scalar> engine(model, rows, block, backend);
+  BlockTreeReducer<ExecSpace, Scalar> reducer(plan, engine.width(), Reduction::reproducible);
+  const Scalar inv = Scalar(1.0 / (static_cast<double>(rows) * model.outputs()));
+  engine.compute(space, x, y, inv);
+  const auto total = reducer.reduce(space, engine.partials(), detail::NoCommunicator{});
+  Kokkos::deep_copy(space, grad, Kokkos::subview(total, std::make_pair(std::size_t(0), model.num_params())));
+  Scalar loss = 0;
+  Kokkos::deep_copy(space, loss, Kokkos::subview(total, model.num_params()));
+  compat::fence(space, "dpmlp::value_and_grad");
+  return loss * inv;
+}
+
+}  // namespace dpmlp

@@ -1,0 +1,324 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// dpmlp/mlp.hpp: the network. A fully connected MLP, inputs -> hidden layers -> outputs, with its parameters
+// in one contiguous buffer (so a gradient is one buffer and one collective), forward, MSE loss, and value
+// and gradient.
+//
+// Parameter layout, layer l = 0 .. L-1 with widths w[l] -> w[l+1]:
+//   [ W_0 (w0 x w1, row-major: inputs x outputs, as in JAX), b_0 (w1), W_1 (w1 x w2), b_1 (w2), ... ]
+// Hidden layers use the model's activation; the last layer is linear (regression).
+#pragma once
+
+#include <cstdint>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dpmlp/errors.hpp"
+#include "dpmlp/kokkos_compat.hpp"
+#include "dpmlp/linalg/gemm.hpp"
+#include "dpmlp/random.hpp"
+#include "dpmlp/reduction.hpp"
+
+namespace dpmlp {
+
+enum class Activation { relu, tanh, identity };
+
+inline const char* activation_name(Activation a) {
+  switch (a) {
+    case Activation::relu: return "relu";
+    case Activation::tanh: return "tanh";
+    case Activation::identity: return "identity";
+  }
+  return "?";
+}
+
+namespace detail {
+template <class Scalar>
+KOKKOS_INLINE_FUNCTION Scalar activate(Activation a, Scalar z) {
+  if (a == Activation::relu) return z > Scalar(0) ? z : Scalar(0);
+  if (a == Activation::tanh) return compat::tanh(z);
+  return z;
+}
+// The derivative, written in terms of the activation's output (all three allow it), so the backward pass
+// needs only the stored activations.
+template <class Scalar>
+KOKKOS_INLINE_FUNCTION Scalar activate_grad_from_output(Activation a, Scalar y) {
+  if (a == Activation::relu) return y > Scalar(0) ? Scalar(1) : Scalar(0);
+  if (a == Activation::tanh) return Scalar(1) - y * y;
+  return Scalar(1);
+}
+}  // namespace detail
+
+template <class Scalar = float, class MemorySpace = Kokkos::DefaultExecutionSpace::memory_space>
+class Mlp {
+  static_assert(std::is_floating_point<Scalar>::value, "dpmlp::Mlp: Scalar must be float or double");
+
+ public:
+  using scalar_type = Scalar;
+  using memory_space = MemorySpace;
+  using params_type = Kokkos::View<Scalar*, MemorySpace>;
+  using matrix_type = Kokkos::View<Scalar**, Kokkos::LayoutRight, MemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+  using vector_type = Kokkos::View<Scalar*, MemorySpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+  // widths = {inputs, hidden..., outputs}; at least {inputs, outputs}. The seed's model is the default.
+  explicit Mlp(std::vector<int> widths = {32, 32, 1}, Activation hidden = Activation::relu)
+      : widths_(std::move(widths)), activation_(hidden) {
+    if (widths_.size() < 2) throw InputError("dpmlp::Mlp: widths needs at least {inputs, outputs}");
+    for (std::size_t i = 0; i < widths_.size(); ++i) {
+      if (widths_[i] <= 0) {
+        throw InputError("dpmlp::Mlp: width " + std::to_string(i) + " is " + std::to_string(widths_[i]) +
+                         "; widths must be positive");
+      }
+    }
+    std::size_t off = 0;
+    for (int l = 0; l < layers(); ++l) {
+      weight_offset_.push_back(off);
+      off += std::size_t(widths_[l]) * widths_[l + 1];
+      bias_offset_.push_back(off);
+      off += widths_[l + 1];
+    }
+    params_ = params_type("dpmlp::Mlp::params", off);
+  }
+
+  int layers() const { return static_cast<int>(widths_.size()) - 1; }
+  int inputs() const { return widths_.front(); }
+  int outputs() const { return widths_.back(); }
+  const std::vector<int>& widths() const { return widths_; }
+  Activation activation() const { return activation_; }
+  std::size_t num_params() const { return params_.extent(0); }
+  std::size_t weight_offset(int l) const { return weight_offset_.at(l); }
+  std::size_t bias_offset(int l) const { return bias_offset_.at(l); }
+
+  // All parameters, contiguous. Copies of an Mlp share them (Kokkos View semantics); clone() does not.
+  params_type params() const { return params_; }
+  matrix_type weight(int l) const {
+    return matrix_type(params_.data() + weight_offset(l), widths_[l], widths_[l + 1]);
+  }
+  vector_type bias(int l) const { return vector_type(params_.data() + bias_offset(l), widths_[l + 1]); }
+
+  Mlp clone() const {
+    Mlp copy(widths_, activation_);
+    Kokkos::deep_copy(copy.params_, params_);
+    return copy;
+  }
+
+  // JAX's initialization in the seed: keys = split(key, layers); W_l = normal(keys[l], (w_l, w_{l+1})) * scale;
+  // biases zero. For the seed's 2 layers, split(key, 2) is jax.random.split(key).
+  template <class ExecSpace = typename MemorySpace::execution_space>
+  void init_jax(random::Key key, Scalar scale = Scalar(0.1), const ExecSpace& space = ExecSpace()) {
+    const auto keys = random::split(key, layers());
+    Kokkos::deep_copy(space, params_, Scalar(0));
+    for (int l = 0; l < layers(); ++l) {
+      auto w = Kokkos::subview(params_, std::make_pair(weight_offset(l), bias_offset(l)));
+      random::normal(space, keys[l], w, 0);
+      const Scalar s = scale;
+      Kokkos::parallel_for(
+          "dpmlp::Mlp::init_scale", Kokkos::RangePolicy<ExecSpace>(space, 0, w.extent(0)),
+          KOKKOS_LAMBDA(const std::int64_t i) { w(i) = w(i) * s; });
+    }
+    compat::fence(space, "dpmlp::Mlp::init_jax");
+  }
+
+ private:
+  std::vector<int> widths_;
+  Activation activation_;
+  std::vector<std::size_t> weight_offset_, bias_offset_;
+  params_type params_;
+};
+
+namespace detail {
+
+// The per-step engine: forward and backward over one rank's rows, producing per-block partial sums
+// (gradient and sum of squared residuals) for the block tree. Holds every buffer, so a step allocates
+// nothing. Rows are processed block by block with fixed shapes (`block` rows; the shard's last block may be
+// short), so each block's partial sums have the same bits wherever the block lives.
+template <class ExecSpace, class Scalar>
+class BlockEngine {
+ public:
+  using memory_space = typename ExecSpace::memory_space;
+  using matrix = Kokkos::View<Scalar**, Kokkos::LayoutRight, memory_space>;
+  using const_matrix = Kokkos::View<const Scalar**, Kokkos::LayoutRight, memory_space>;
+
+  BlockEngine() = default;
+  BlockEngine(const Mlp<Scalar, memory_space>& model, std::int64_t rows, std::int64_t block, linalg::Backend gemm)
+      : model_(model), rows_(rows), block_(block), gemm_(gemm) {
+    blocks_ = (rows + block - 1) / block;
+    width_ = static_cast<std::int64_t>(model.num_params()) + 1;  // + the sum of squared residuals
+    partials_ = matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::partials"), blocks_, width_);
+    int widest = 0;
+    for (int w : model.widths()) widest = w > widest ? w : widest;
+    for (int l = 1; l <= model.layers(); ++l) {
+      acts_.push_back(matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::activations"), rows,
+                             model.widths()[l]));
+    }
+    delta_[0] = matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::delta0"), rows, widest);
+    delta_[1] = matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::delta1"), rows, widest);
+  }
+
+  std::int64_t width() const { return width_; }
+  std::int64_t blocks() const { return blocks_; }
+  const matrix& partials() const { return partials_; }
+  const matrix& output() const { return acts_.back(); }
+
+  // Forward pass over x (rows x inputs) into the activations; the last is the prediction.
+  void forward(const ExecSpace& space, const const_matrix& x) const {
+    const_matrix in = x;
+    for (int l = 0; l < model_.layers(); ++l) {
+      const int n_in = model_.widths()[l], n_out = model_.widths()[l + 1];
+      const matrix out = acts_[l];
+      blocked_gemm(space, linalg::Op::N, linalg::Op::N, n_out, n_in, in.data(), n_in, model_.weight(l).data(), n_out,
+                   0, out.data(), n_out, std::int64_t(block_) * n_out, block_ * n_in);
+      const Activation act = l + 1 == model_.layers() ? Activation::identity : model_.activation();
+      const auto bias = model_.bias(l);
+      const std::int64_t total = rows_ * n_out;
+      Kokkos::parallel_for(
+          "dpmlp::bias_activation", Kokkos::RangePolicy<ExecSpace>(space, 0, total),
+          KOKKOS_LAMBDA(const std::int64_t idx) {
+            const std::int64_t r = idx / n_out;
+            const int j = static_cast<int>(idx % n_out);
+            out(r, j) = activate(act, out(r, j) + bias(j));
+          });
+      in = out;
+    }
+  }
+
+  // Forward and backward: fills partials() with, per block, the gradient of scale * sum(residual^2) (in
+  // the parameter layout) and, in the last column, the plain sum of squared residuals.
+  void compute(const ExecSpace& space, const const_matrix& x, const const_matrix& y, Scalar scale) const {
+    if (rows_ == 0) return;
+    forward(space, x);
+    const int L = model_.layers();
+    const int n_out = model_.outputs();
+    const std::int64_t W = width_;
+    const std::int64_t block = block_;
+    const std::int64_t rows = rows_;
+    const auto pred = acts_.back();
+    const matrix delta = delta_[(L - 1) % 2];
+    const matrix part = partials_;
+    // Residuals, the output delta (scale * 2 r: the gradient of scale * r^2), and per block the sum of r^2
+    // in row order.
+    Kokkos::parallel_for(
+        "dpmlp::residual", Kokkos::RangePolicy<ExecSpace>(space, 0, blocks_), KOKKOS_LAMBDA(const std::int64_t b) {
+          Scalar sum = Scalar(0);
+          const std::int64_t end = (b + 1) * block < rows ? (b + 1) * block : rows;
+          for (std::int64_t r = b * block; r < end; ++r) {
+            for (int j = 0; j < n_out; ++j) {
+              const Scalar res = pred(r, j) - y(r, j);
+              sum += res * res;
+              delta(r, j) = Scalar(2) * scale * res;
+            }
+          }
+          part(b, W - 1) = sum;
+        });
+    for (int l = L - 1; l >= 0; --l) {
+      const int n_in = model_.widths()[l], n_o = model_.widths()[l + 1];
+      const matrix d = delta_[l % 2];
+      const Scalar* a_prev = l == 0 ? x.data() : acts_[l - 1].data();
+      const int ld_d = static_cast<int>(d.extent(1));
+      // dW_l[block] = A_{l-1}[block]^T * delta_l[block]  (n_in x n_o, summed over the block's rows)
+      blocked_weight_grad(space, n_in, n_o, a_prev, d.data(), ld_d, model_.weight_offset(l));
+      // db_l[block] = sum over the block's rows of delta_l, in row order
+      const std::int64_t boff = static_cast<std::int64_t>(model_.bias_offset(l));
+      Kokkos::parallel_for(
+          "dpmlp::bias_grad", Kokkos::RangePolicy<ExecSpace>(space, 0, blocks_ * n_o),
+          KOKKOS_LAMBDA(const std::int64_t idx) {
+            const std::int64_t b = idx / n_o;
+            const int j = static_cast<int>(idx % n_o);
+            const std::int64_t end = (b + 1) * block < rows ? (b + 1) * block : rows;
+            Scalar sum = Scalar(0);
+            for (std::int64_t r = b * block; r < end; ++r) sum += d(r, j);
+            part(b, boff + j) = sum;
+          });
+      if (l == 0) break;
+      // delta_{l-1} = (delta_l * W_l^T) .* act'(A_{l-1})
+      const matrix dn = delta_[(l - 1) % 2];
+      const int ld_dn = static_cast<int>(dn.extent(1));
+      blocked_gemm(space, linalg::Op::N, linalg::Op::T, n_in, n_o, d.data(), ld_d, model_.weight(l).data(), n_o, 0,
+                   dn.data(), ld_dn, block * ld_dn, block * ld_d);
+      const auto a = acts_[l - 1];
+      const Activation act = model_.activation();
+      Kokkos::parallel_for(
+          "dpmlp::activation_grad", Kokkos::RangePolicy<ExecSpace>(space, 0, rows * n_in),
+          KOKKOS_LAMBDA(const std::int64_t idx) {
+            const std::int64_t r = idx / n_in;
+            const int i = static_cast<int>(idx % n_in);
+            dn(r, i) *= activate_grad_from_output(act, a(r, i));
+          });
+    }
+  }
+
+ private:
+  // Out[rows x n] = In[rows x k] * op(Wt), block by block: the full blocks in one batched call, the short
+  // tail block in another. Wt is shared by all blocks (stride 0).
+  void blocked_gemm(const ExecSpace& space, linalg::Op op_in, linalg::Op op_w, int n, int k, const Scalar* in,
+                    int ld_in, const Scalar* w, int ld_w, std::int64_t stride_w, Scalar* out, int ld_out,
+                    std::int64_t stride_out, std::int64_t stride_in) const {
+    const std::int64_t full = rows_ / block_, tail = rows_ - full * block_;
+    linalg::BatchedGemm<Scalar> g;
+    g.op_a = op_in;
+    g.op_b = op_w;
+    g.n = n;
+    g.k = k;
+    g.a = in;
+    g.lda = ld_in;
+    g.stride_a = stride_in;
+    g.b = w;
+    g.ldb = ld_w;
+    g.stride_b = stride_w;
+    g.c = out;
+    g.ldc = ld_out;
+    g.stride_c = stride_out;
+    g.m = static_cast<int>(block_);
+    g.batch = full;
+    linalg::gemm(space, gemm_, g);
+    if (tail > 0) {
+      g.m = static_cast<int>(tail);
+      g.batch = 1;
+      g.a = in + full * stride_in;
+      g.c = out + full * stride_out;
+      linalg::gemm(space, gemm_, g);
+    }
+  }
+
+  // partials[b][off .. off + n_in*n_o) = A[block b]^T * D[block b]
+  void blocked_weight_grad(const ExecSpace& space, int n_in, int n_o, const Scalar* a, const Scalar* d, int ld_d,
+                           std::size_t off) const {
+    const std::int64_t full = rows_ / block_, tail = rows_ - full * block_;
+    linalg::BatchedGemm<Scalar> g;
+    g.op_a = linalg::Op::T;
+    g.op_b = linalg::Op::N;
+    g.m = n_in;
+    g.n = n_o;
+    g.a = a;
+    g.lda = n_in;
+    g.stride_a = block_ * n_in;
+    g.b = d;
+    g.ldb = ld_d;
+    g.stride_b = block_ * ld_d;
+    g.c = partials_.data() + off;
+    g.ldc = n_o;
+    g.stride_c = width_;
+    g.k = static_cast<int>(block_);
+    g.batch = full;
+    linalg::gemm(space, gemm_, g);
+    if (tail > 0) {
+      g.k = static_cast<int>(tail);
+      g.batch = 1;
+      g.a = a + full * g.stride_a;
+      g.b = d + full * g.stride_b;
+      g.c = partials_.data() + full * width_ + off;
+      linalg::gemm(space, gemm_, g);
+    }
+  }
+
+  Mlp<Scalar, memory_space> model_;
+  std::int64_t rows_ = 0, block_ = 1, blocks_ = 0, width_ = 0;
+  linalg::Backend gemm_ = linalg::Backend::portable;
+  matrix partials_;
+  std::vector<matrix> acts_;
+  matrix delta_[2];
+};
+
+}  // namespace detail
+}  // namespace dpmlp

@@ -1,0 +1,317 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// dpmlp/reduction.hpp: sums over rows whose bits do not depend on how the rows are split over ranks.
+//
+// The shape of every row reduction is a function of the global row index alone:
+//   1. rows are cut into blocks of `block` rows (the last block may be short); each block is reduced in
+//      increasing row order, wherever it lives;
+//   2. blocks are combined in one fixed binary tree over block indices: node (lo, level) covers blocks
+//      [lo, lo + 2^level) and is left + right, or just left where the right child lies past the last block;
+//   3. a rank owns a contiguous range of whole blocks. It reduces the largest complete subtrees inside its
+//      range (O(log blocks) of them), and the ranks exchange only those subtree sums (one allgather);
+//   4. every rank finishes the tree with the same program, so every rank gets the same bits, and the bits
+//      are those of a single rank that holds every block.
+// docs/design.md explains the choice. Reduction::fast replaces 3-4 by one sum-allreduce of each rank's
+// local total: cheaper, but the bits then depend on the rank count.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dpmlp/errors.hpp"
+#include "dpmlp/kokkos_compat.hpp"
+
+namespace dpmlp {
+
+enum class Reduction { reproducible, fast };
+
+inline const char* reduction_name(Reduction r) { return r == Reduction::reproducible ? "reproducible" : "fast"; }
+
+// Rows per block when the caller does not choose: 256, doubled until there are at most 4096 blocks, so the
+// per-block partial sums stay small at millions of rows. A function of the global row count only.
+inline std::int64_t default_block_rows(std::int64_t global_rows) {
+  std::int64_t block = 256;
+  while ((global_rows + block - 1) / block > 4096) block *= 2;
+  return block;
+}
+
+// Which rows a rank owns: whole blocks, as evenly as possible (ranks differ by at most one block).
+struct Shard {
+  std::int64_t global_rows = 0, block_rows = 1, blocks = 0;
+  std::int64_t first_block = 0, end_block = 0;
+  std::int64_t first_row = 0, end_row = 0;
+  std::int64_t rows() const { return end_row - first_row; }
+  std::int64_t local_blocks() const { return end_block - first_block; }
+};
+
+inline Shard make_shard(std::int64_t global_rows, std::int64_t block_rows, int rank, int size) {
+  if (global_rows <= 0) throw InputError("dpmlp: zero rows");
+  if (block_rows <= 0) throw InputError("dpmlp: block_rows must be positive");
+  if (size <= 0 || rank < 0 || rank >= size) throw InputError("dpmlp: bad rank/size for a shard");
+  Shard s;
+  s.global_rows = global_rows;
+  s.block_rows = block_rows;
+  s.blocks = (global_rows + block_rows - 1) / block_rows;
+  const std::int64_t base = s.blocks / size, extra = s.blocks % size;
+  s.first_block = rank * base + std::min<std::int64_t>(rank, extra);
+  s.end_block = s.first_block + base + (rank < extra ? 1 : 0);
+  s.first_row = std::min(s.first_block * block_rows, global_rows);
+  s.end_row = std::min(s.end_block * block_rows, global_rows);
+  return s;
+}
+
+// The host-side plan of the block tree for one shard layout. Every rank builds the same plan (it needs no
+// communication: shards are a function of rows, block size and rank count).
+class BlockTreePlan {
+ public:
+  struct Node {
+    std::int64_t lo;  // first block
+    int level;        // covers blocks [lo, lo + 2^level) clipped to the block count
+  };
+  // One step of the combine program: value[dst] = value[a] + value[b] (b < 0: value[dst] = value[a]).
+  struct Op {
+    int dst, a, b;
+  };
+
+  BlockTreePlan() = default;
+  BlockTreePlan(std::int64_t global_rows, std::int64_t block_rows, int rank, int size)
+      : shard_(make_shard(global_rows, block_rows, rank, size)), rank_(rank), size_(size) {
+    blocks_ = shard_.blocks;
+    top_ = 0;
+    while ((std::int64_t(1) << top_) < blocks_) ++top_;
+    slots_ = 0;
+    std::vector<std::vector<Node>> all(size);
+    for (int r = 0; r < size; ++r) {
+      const Shard s = make_shard(global_rows, block_rows, r, size);
+      all[r] = decompose(s.first_block, s.end_block);
+      slots_ = std::max<int>(slots_, static_cast<int>(all[r].size()));
+    }
+    local_nodes_ = all[rank];
+    build_program(all);
+  }
+
+  const Shard& shard() const { return shard_; }
+  std::int64_t blocks() const { return blocks_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // Subtree sums each rank sends (the allgather's per-rank count, in nodes); ranks with fewer pad.
+  int slots() const { return slots_; }
+  const std::vector<Node>& local_nodes() const { return local_nodes_; }
+  // The combine program over values [0, size*slots) (gathered) and [size*slots, values()) (temporaries).
+  const std::vector<Op>& program() const { return program_; }
+  int values() const { return values_; }
+  int root() const { return root_; }
+
+ private:
+  // The aligned dyadic nodes that exactly cover [first, end); the rank that holds the last block also
+  // covers the empty tail up to 2^top, so that its top node can be a whole clipped subtree.
+  std::vector<Node> decompose(std::int64_t first, std::int64_t end) const {
+    std::vector<Node> nodes;
+    if (first >= end) return nodes;
+    const std::int64_t limit = end == blocks_ ? (std::int64_t(1) << top_) : end;
+    std::int64_t lo = first;
+    while (lo < limit && lo < blocks_) {
+      int level = 0;
+      // Grow while the node stays aligned and inside [lo, limit).
+      while (level < top_ && (lo % (std::int64_t(2) << level)) == 0 && lo + (std::int64_t(2) << level) <= limit) {
+        ++level;
+      }
+      nodes.push_back({lo, level});
+      lo += std::int64_t(1) << level;
+    }
+    return nodes;
+  }
+
+  void build_program(const std::vector<std::vector<Node>>& all) {
+    // Map each gathered node to its value slot.
+    std::vector<std::pair<std::pair<std::int64_t, int>, int>> where;
+    for (int r = 0; r < size_; ++r) {
+      for (std::size_t i = 0; i < all[r].size(); ++i) {
+        where.push_back({{all[r][i].lo, all[r][i].level}, r * slots_ + static_cast<int>(i)});
+      }
+    }
+    std::sort(where.begin(), where.end());
+    values_ = size_ * slots_;
+    program_.clear();
+    root_ = emit(0, top_, where);
+  }
+
+  // Returns the value index that holds node (lo, level), emitting the additions that make it.
+  int emit(std::int64_t lo, int level,
+           const std::vector<std::pair<std::pair<std::int64_t, int>, int>>& where) {
+    const auto it = std::lower_bound(where.begin(), where.end(), std::make_pair(std::make_pair(lo, level), -1));
+    if (it != where.end() && it->first.first == lo && it->first.second == level) return it->second;
+    if (level == 0) throw std::logic_error("dpmlp::BlockTreePlan: a block is owned by no rank");
+    const std::int64_t half = std::int64_t(1) << (level - 1);
+    const int a = emit(lo, level - 1, where);
+    if (lo + half >= blocks_) return a;  // the right subtree is empty: the node is its left child
+    const int b = emit(lo + half, level - 1, where);
+    program_.push_back({values_, a, b});
+    return values_++;
+  }
+
+  Shard shard_;
+  int rank_ = 0, size_ = 1;
+  std::int64_t blocks_ = 0;
+  int top_ = 0, slots_ = 0, values_ = 0, root_ = 0;
+  std::vector<Node> local_nodes_;
+  std::vector<Op> program_;
+};
+
+// The device side: reduces per-block partial sums (local_blocks x width, LayoutRight) to the global total
+// (width), identical on every rank. Holds its buffers, so a training loop allocates nothing per step.
+template <class ExecSpace, class Scalar>
+class BlockTreeReducer {
+ public:
+  using memory_space = typename ExecSpace::memory_space;
+  using matrix = Kokkos::View<Scalar**, Kokkos::LayoutRight, memory_space>;
+  using vector = Kokkos::View<Scalar*, memory_space>;
+
+  BlockTreeReducer() = default;
+  BlockTreeReducer(const BlockTreePlan& plan, std::int64_t width, Reduction mode)
+      : plan_(plan), width_(width), mode_(mode) {
+    const int slots = mode == Reduction::reproducible ? plan.slots() : 1;
+    send_ = matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::tree_send"), std::max(slots, 1), width);
+    if (plan.size() > 1 && mode == Reduction::reproducible) {
+      values_ = matrix("dpmlp::tree_values", plan.values(), width);
+      gathered_ = vector(values_.data(), std::int64_t(plan.size()) * slots * width);
+    }
+    const auto& nodes = plan.local_nodes();
+    node_lo_ = Kokkos::View<std::int64_t*, memory_space>("dpmlp::tree_node_lo", nodes.size());
+    node_level_ = Kokkos::View<int*, memory_space>("dpmlp::tree_node_level", nodes.size());
+    auto hlo = Kokkos::create_mirror_view(node_lo_);
+    auto hlevel = Kokkos::create_mirror_view(node_level_);
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+      hlo(i) = nodes[i].lo - plan.shard().first_block;  // local block index
+      hlevel(i) = nodes[i].level;
+    }
+    Kokkos::deep_copy(node_lo_, hlo);
+    Kokkos::deep_copy(node_level_, hlevel);
+    const auto& prog = plan.program();
+    program_ = Kokkos::View<int* [3], memory_space>("dpmlp::tree_program", prog.size());
+    auto hp = Kokkos::create_mirror_view(program_);
+    for (std::size_t i = 0; i < prog.size(); ++i) {
+      hp(i, 0) = prog[i].dst;
+      hp(i, 1) = prog[i].a;
+      hp(i, 2) = prog[i].b;
+    }
+    Kokkos::deep_copy(program_, hp);
+  }
+
+  const BlockTreePlan& plan() const { return plan_; }
+  std::int64_t width() const { return width_; }
+  Reduction mode() const { return mode_; }
+
+  // partials: this rank's blocks (local_blocks x width); destroyed (reduced in place). Returns a View that
+  // holds the global total once the work enqueued on `space` (and, for a stream-ordered communicator, the
+  // collective) has run. With a host-synchronous communicator the collective has completed on return.
+  template <class Comm>
+  vector reduce(const ExecSpace& space, const matrix& partials, const Comm& comm) const {
+    reduce_local(space, partials);
+    if (plan_.size() == 1) return Kokkos::subview(send_, 0, Kokkos::ALL);
+    if (mode_ == Reduction::fast) {
+      vector total = Kokkos::subview(send_, 0, Kokkos::ALL);
+      comm.allreduce_sum(space, total);
+      return total;
+    }
+    vector send(send_.data(), send_.span());
+    comm.allgather(space, send, gathered_);
+    combine(space);
+    return Kokkos::subview(values_, plan_.root(), Kokkos::ALL);
+  }
+
+ private:
+  // Sums each local subtree in the canonical shape, in place, then stages the subtree sums in send_ (unused
+  // slots zero). Fast mode sums all local blocks into slot 0.
+  void reduce_local(const ExecSpace& space, const matrix& partials) const {
+    const auto P = partials;
+    const auto send = send_;
+    const auto lo_v = node_lo_;
+    const auto level_v = node_level_;
+    const std::int64_t local_blocks = plan_.shard().local_blocks();
+    const int nodes = static_cast<int>(plan_.local_nodes().size());
+    const int slots = static_cast<int>(send_.extent(0));
+    const bool fast = mode_ == Reduction::fast;
+    Kokkos::parallel_for(
+        "dpmlp::tree_reduce_local", Kokkos::RangePolicy<ExecSpace>(space, 0, width_),
+        KOKKOS_LAMBDA(const std::int64_t p) {
+          for (int s = 0; s < slots; ++s) send(s, p) = Scalar(0);
+          if (fast) {
+            Scalar acc = Scalar(0);
+            for (std::int64_t b = 0; b < local_blocks; ++b) acc += P(b, p);
+            send(0, p) = acc;
+            return;
+          }
+          for (int i = 0; i < nodes; ++i) {
+            const std::int64_t lo = lo_v(i);
+            const std::int64_t hi = lo + (std::int64_t(1) << level_v(i)) < local_blocks
+                                        ? lo + (std::int64_t(1) << level_v(i))
+                                        : local_blocks;
+            for (std::int64_t stride = 1; lo + stride < hi; stride *= 2) {
+              for (std::int64_t g = lo; g + stride < hi; g += 2 * stride) P(g, p) += P(g + stride, p);
+            }
+            send(i, p) = P(lo, p);
+          }
+        });
+  }
+
+  void combine(const ExecSpace& space) const {
+    const auto V = values_;
+    const auto prog = program_;
+    const int steps = static_cast<int>(program_.extent(0));
+    Kokkos::parallel_for(
+        "dpmlp::tree_combine", Kokkos::RangePolicy<ExecSpace>(space, 0, width_),
+        KOKKOS_LAMBDA(const std::int64_t p) {
+          for (int s = 0; s < steps; ++s) V(prog(s, 0), p) = V(prog(s, 1), p) + V(prog(s, 2), p);
+        });
+  }
+
+  BlockTreePlan plan_;
+  std::int64_t width_ = 0;
+  Reduction mode_ = Reduction::reproducible;
+  matrix send_, values_;
+  vector gathered_;
+  Kokkos::View<std::int64_t*, memory_space> node_lo_;
+  Kokkos::View<int*, memory_space> node_level_;
+  Kokkos::View<int* [3], memory_space> program_;
+};
+
+// The reproducible sum over all ranks' rows of row_values (this rank's shard rows x width, or rank 1: one
+// value a row), returned on the host. Collective. Used for the Standardizer checksum.
+template <class ExecSpace, class Comm, class Values>
+std::vector<double> reproducible_row_sum(const ExecSpace& space, const Comm& comm, const BlockTreePlan& plan,
+                                         const Values& row_values) {
+  using memory_space = typename ExecSpace::memory_space;
+  const std::int64_t rows = plan.shard().rows(), block = plan.shard().block_rows;
+  if (static_cast<std::int64_t>(row_values.extent(0)) != rows) {
+    throw InputError("dpmlp::reproducible_row_sum: " + std::to_string(row_values.extent(0)) +
+                     " row values for a shard of " + std::to_string(rows) + " rows");
+  }
+  const std::int64_t width = Values::rank == 1 ? 1 : static_cast<std::int64_t>(row_values.extent(1));
+  Kokkos::View<double**, Kokkos::LayoutRight, memory_space> partials("dpmlp::row_sum_partials",
+                                                                      plan.shard().local_blocks(), width);
+  const auto v = row_values;
+  Kokkos::parallel_for(
+      "dpmlp::row_sum_blocks", Kokkos::RangePolicy<ExecSpace>(space, 0, plan.shard().local_blocks() * width),
+      KOKKOS_LAMBDA(const std::int64_t idx) {
+        const std::int64_t b = idx / width, p = idx % width;
+        const std::int64_t end = (b + 1) * block < rows ? (b + 1) * block : rows;
+        double acc = 0.0;
+        for (std::int64_t r = b * block; r < end; ++r) {
+          if constexpr (Values::rank == 1) {
+            acc += static_cast<double>(v(r));
+          } else {
+            acc += static_cast<double>(v(r, p));
+          }
+        }
+        partials(b, p) = acc;
+      });
+  BlockTreeReducer<ExecSpace, double> reducer(plan, width, Reduction::reproducible);
+  const auto total = reducer.reduce(space, partials, comm);
+  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), total);
+  return std::vector<double>(host.data(), host.data() + width);
+}
+
+}  // namespace dpmlp
