@@ -100,11 +100,11 @@ RunResult run(MPI_Comm comm, const Options& o, bool timed) {
 
   dpmlp::Mlp<float, Memory> model({features, o.hidden, 1});
   model.init_jax(rnd::PRNGKey(1), 0.1f);
+  const dpmlp::Sgd sgd(o.rate);
   dpmlp::TrainerOptions topt;
-  topt.learning_rate = o.rate;
   topt.reduction = o.reduction == "fast" ? dpmlp::Reduction::fast : dpmlp::Reduction::reproducible;
   topt.block_rows = o.block_rows;
-  dpmlp::DataParallelTrainer<ExecSpace, Comm> trainer(comm, model, o.rows, topt);
+  dpmlp::DataParallelTrainer<ExecSpace, Comm> trainer(comm, model, o.rows, sgd, topt);
   const dpmlp::Shard shard = trainer.shard();
   const std::int64_t rows = shard.rows();
   ExecSpace space;
@@ -138,7 +138,7 @@ RunResult run(MPI_Comm comm, const Options& o, bool timed) {
     // A throwaway run on a copy of the model takes the first-launch costs (module loading, library handles,
     // the first collective) out of the timed run.
     auto scratch = model.clone();
-    dpmlp::DataParallelTrainer<ExecSpace, Comm> warm(comm, scratch, o.rows, topt);
+    dpmlp::DataParallelTrainer<ExecSpace, Comm> warm(comm, scratch, o.rows, sgd, topt);
     warm.set_data(x, y);
     warm.train(o.warmup);
   }

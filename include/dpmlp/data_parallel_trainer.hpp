@@ -7,7 +7,7 @@
 //
 //   using Trainer = dpmlp::DataParallelTrainer<Kokkos::DefaultExecutionSpace>;
 //   dpmlp::Mlp<float, Trainer::memory_space> model({32, 32, 1});
-//   Trainer trainer(MPI_COMM_WORLD, model, global_rows, {/*learning_rate=*/0.02});
+//   Trainer trainer(MPI_COMM_WORLD, model, global_rows, dpmlp::Sgd(0.02));
 //   auto shard = trainer.shard();              // the rows this rank must provide
 //   trainer.set_data(x_local, y_local);        // Views of shard.rows() rows, in Trainer::memory_space
 //   auto result = trainer.train(100);          // result.first_loss, result.last_loss
@@ -27,12 +27,12 @@
 #include "dpmlp/kokkos_compat.hpp"
 #include "dpmlp/linalg/gemm.hpp"
 #include "dpmlp/mlp.hpp"
+#include "dpmlp/optim.hpp"
 #include "dpmlp/reduction.hpp"
 
 namespace dpmlp {
 
 struct TrainerOptions {
-  double learning_rate = 0.02;  // plain SGD: p <- p - learning_rate * grad
   // reproducible: the final parameters are bitwise identical whatever the rank count (docs/design.md).
   Reduction reduction = Reduction::reproducible;
   std::int64_t block_rows = 0;  // rows per reduction block; 0: default_block_rows(global rows)
@@ -47,17 +47,20 @@ struct TrainResult {
   int steps = 0;
 };
 
-template <class ExecSpace, class Comm = default_communicator_t<ExecSpace>, class Scalar = float>
+template <class ExecSpace, class Comm = default_communicator_t<ExecSpace>, class Optimizer = Sgd, class Scalar = float>
 class DataParallelTrainer {
   static_assert(Kokkos::is_execution_space<ExecSpace>::value,
                 "DataParallelTrainer<ExecSpace, ...>: ExecSpace must be a Kokkos execution space");
   static_assert(is_communicator<Comm>::value,
                 "DataParallelTrainer<..., Comm>: Comm must model the Communicator concept (comm/communicator.hpp)");
+  static_assert(is_optimizer<Optimizer>::value,
+                "DataParallelTrainer<..., Optimizer>: Optimizer must model the Optimizer concept (optim.hpp)");
 
  public:
   using execution_space = ExecSpace;
   using memory_space = typename ExecSpace::memory_space;
   using communicator_type = Comm;
+  using optimizer_type = Optimizer;
   using scalar_type = Scalar;
   using model_type = Mlp<Scalar, memory_space>;
   using matrix = Kokkos::View<Scalar**, Kokkos::LayoutRight, memory_space>;
@@ -65,12 +68,17 @@ class DataParallelTrainer {
 
   // Collective over `comm`. `model` is shared, not copied: training updates its parameters in place.
   DataParallelTrainer(MPI_Comm comm, const model_type& model, std::int64_t global_rows,
-                      const TrainerOptions& options = TrainerOptions(), const ExecSpace& space = ExecSpace())
-      : comm_(comm), model_(model), options_(options), space_(space) {
+                      const Optimizer& optimizer = Optimizer(), const TrainerOptions& options = TrainerOptions(),
+                      const ExecSpace& space = ExecSpace())
+      : comm_(comm), model_(model), optimizer_(optimizer), options_(options), space_(space) {
     MPI_Comm c = comm_.mpi_comm();
     std::string problem;
-    if (!(options.learning_rate > 0) || !std::isfinite(options.learning_rate)) {
-      problem = "learning rate must be positive and finite, got " + std::to_string(options.learning_rate);
+    try {
+      optimizer.validate();
+    } catch (const InputError& e) {
+      problem = e.what();
+    }
+    if (!problem.empty()) {
     } else if (global_rows <= 0) {
       problem = "zero rows";
     } else if (global_rows < comm_.size()) {
@@ -85,6 +93,7 @@ class DataParallelTrainer {
     gemm_ = options.gemm ? *options.gemm : linalg::default_backend<ExecSpace>(options.reduction == Reduction::reproducible);
     engine_ = detail::BlockEngine<ExecSpace, Scalar>(model_, plan_.shard().rows(), block_, gemm_);
     reducer_ = BlockTreeReducer<ExecSpace, Scalar>(plan_, engine_.width(), options.reduction);
+    state_ = Kokkos::View<Scalar*, memory_space>("dpmlp::optimizer_state", optimizer.state_size(model_.num_params()));
     sync_parameters();
   }
 
@@ -93,6 +102,9 @@ class DataParallelTrainer {
   std::int64_t block_rows() const { return block_; }
   linalg::Backend gemm_backend() const { return gemm_; }
   const TrainerOptions& options() const { return options_; }
+  const Optimizer& optimizer() const { return optimizer_; }
+  // The optimizer's state (optimizer().state_size(num_params) values), e.g. for checkpoints.
+  const Kokkos::View<Scalar*, memory_space>& optimizer_state() const { return state_; }
   const Comm& communicator() const { return comm_; }
   const model_type& model() const { return model_; }
   const ExecSpace& space() const { return space_; }
@@ -139,8 +151,9 @@ class DataParallelTrainer {
     return r;
   }
 
-  // Steps taken so far (over all train() calls).
+  // Steps taken so far (over all train() calls). A checkpoint restores it (the optimizer's step count).
   std::int64_t steps_done() const { return steps_done_; }
+  void set_steps_done(std::int64_t steps) { steps_done_ = steps; }
 
  private:
   void step_into(int s, Scalar inv) {
@@ -148,12 +161,14 @@ class DataParallelTrainer {
     const auto total = reducer_.reduce(space_, engine_.partials(), comm_);
     const auto params = model_.params();
     const auto losses = losses_;
+    const auto state = state_;
     const std::int64_t P = static_cast<std::int64_t>(model_.num_params());
-    const Scalar rate = static_cast<Scalar>(options_.learning_rate);
+    const auto update = optimizer_.template step<Scalar>(steps_done_ + s + 1);
     Kokkos::parallel_for(
-        "dpmlp::sgd_update", Kokkos::RangePolicy<ExecSpace>(space_, 0, P + 1), KOKKOS_LAMBDA(const std::int64_t i) {
+        "dpmlp::optimizer_update", Kokkos::RangePolicy<ExecSpace>(space_, 0, P + 1),
+        KOKKOS_LAMBDA(const std::int64_t i) {
           if (i < P) {
-            params(i) = params(i) - rate * total(i);
+            update(i, P, params.data(), total(i), state.data());
           } else {
             losses(s) = total(P) * inv;
           }
@@ -213,6 +228,7 @@ class DataParallelTrainer {
 
   Comm comm_;
   model_type model_;
+  Optimizer optimizer_;
   TrainerOptions options_;
   ExecSpace space_;
   std::int64_t global_rows_ = 0, block_ = 1, steps_done_ = 0;
@@ -222,18 +238,8 @@ class DataParallelTrainer {
   BlockTreeReducer<ExecSpace, Scalar> reducer_;
   const_matrix x_, y_;
   bool has_data_ = false;
-  Kokkos::View<Scalar*, memory_space> losses_;
+  Kokkos::View<Scalar*, memory_space> losses_, state_;
 };
-
-namespace detail {
-// A one-rank plan never communicates; this stands in for a communicator there.
-struct NoCommunicator {
-  template <class... A>
-  void allreduce_sum(A&&...) const {}
-  template <class... A>
-  void allgather(A&&...) const {}
-};
-}  // namespace detail
 
 // Single-device value and gradient of the mean squared error: grad (num_params) <- d loss / d params; returns
 // the loss. Same block-wise computation as the trainer (so the same bits as a one-rank trainer step).
@@ -250,7 +256,7 @@ Scalar value_and_grad(const ExecSpace& space, const Mlp<Scalar, typename ExecSpa
   BlockTreeReducer<ExecSpace, Scalar> reducer(plan, engine.width(), Reduction::reproducible);
   const Scalar inv = Scalar(1.0 / (static_cast<double>(rows) * model.outputs()));
   engine.compute(space, x, y, inv);
-  const auto total = reducer.reduce(space, engine.partials(), detail::NoCommunicator{});
+  const auto total = reducer.reduce(space, engine.partials(), NoCommunicator{});
   Kokkos::deep_copy(space, grad, Kokkos::subview(total, std::make_pair(std::size_t(0), model.num_params())));
   Scalar loss = 0;
   Kokkos::deep_copy(space, loss, Kokkos::subview(total, model.num_params()));

@@ -14,4 +14,5 @@
 #include "dpmlp/reduction.hpp"
 #include "dpmlp/standardizer.hpp"
 #include "dpmlp/mlp.hpp"
+#include "dpmlp/optim.hpp"
 #include "dpmlp/data_parallel_trainer.hpp"

@@ -160,6 +160,14 @@ class BlockTreePlan {
   std::vector<Op> program_;
 };
 
+// A one-rank plan never communicates; this stands in for a communicator there (single-device users).
+struct NoCommunicator {
+  template <class... A>
+  void allreduce_sum(A&&...) const {}
+  template <class... A>
+  void allgather(A&&...) const {}
+};
+
 // The device side: reduces per-block partial sums (local_blocks x width, LayoutRight) to the global total
 // (width), identical on every rank. Holds its buffers, so a training loop allocates nothing per step.
 template <class ExecSpace, class Scalar>

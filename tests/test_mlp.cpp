@@ -1,0 +1,211 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Mlp: the value and gradient against an fp64 Eigen reference and against finite differences, for depth
+// 1-3 and every activation; the JAX initialization against the reference parameters; the GEMM backends
+// against each other.
+#include <catch2/catch.hpp>
+
+#include <dpmlp/dpmlp.hpp>
+
+#include <Eigen/Dense>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "json_lite.hpp"
+
+namespace {
+
+using Space = Kokkos::DefaultExecutionSpace;
+using Memory = Space::memory_space;
+using MatD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+template <class Scalar>
+std::vector<double> host_vector(const Kokkos::View<Scalar*, Memory>& v) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  return std::vector<double>(h.data(), h.data() + h.extent(0));
+}
+
+// The fp64 reference: loss = mean((f(x) - y)^2) and its gradient in dpmlp's parameter layout.
+double reference_value_and_grad(const std::vector<int>& widths, dpmlp::Activation act,
+                                const std::vector<double>& p, const MatD& x, const MatD& y,
+                                std::vector<double>& grad) {
+  const int L = static_cast<int>(widths.size()) - 1;
+  std::vector<MatD> W(L), A(L + 1);
+  std::vector<Eigen::RowVectorXd> b(L);
+  std::size_t off = 0;
+  for (int l = 0; l < L; ++l) {
+    W[l] = Eigen::Map<const MatD>(p.data() + off, widths[l], widths[l + 1]);
+    off += std::size_t(widths[l]) * widths[l + 1];
+    b[l] = Eigen::Map<const Eigen::RowVectorXd>(p.data() + off, widths[l + 1]);
+    off += widths[l + 1];
+  }
+  auto f = [&](double z) {
+    return act == dpmlp::Activation::relu ? std::max(z, 0.0) : act == dpmlp::Activation::tanh ? std::tanh(z) : z;
+  };
+  auto df = [&](double a) {
+    return act == dpmlp::Activation::relu ? (a > 0 ? 1.0 : 0.0) : act == dpmlp::Activation::tanh ? 1 - a * a : 1.0;
+  };
+  A[0] = x;
+  for (int l = 0; l < L; ++l) {
+    MatD z = (A[l] * W[l]).rowwise() + b[l];
+    A[l + 1] = l + 1 == L ? z : MatD(z.unaryExpr(f));
+  }
+  const MatD r = A[L] - y;
+  const double n = static_cast<double>(r.size());
+  MatD delta = r * (2.0 / n);
+  grad.assign(p.size(), 0.0);
+  for (int l = L - 1; l >= 0; --l) {
+    std::size_t woff = 0;
+    for (int k = 0; k < l; ++k) woff += std::size_t(widths[k]) * widths[k + 1] + widths[k + 1];
+    Eigen::Map<MatD>(grad.data() + woff, widths[l], widths[l + 1]) = A[l].transpose() * delta;
+    Eigen::Map<Eigen::RowVectorXd>(grad.data() + woff + std::size_t(widths[l]) * widths[l + 1], widths[l + 1]) =
+        delta.colwise().sum();
+    if (l > 0) delta = ((delta * W[l].transpose()).array() * A[l].unaryExpr(df).array()).matrix();
+  }
+  return r.squaredNorm() / n;
+}
+
+struct Problem {
+  std::vector<int> widths;
+  dpmlp::Activation act;
+  int rows;
+};
+
+}  // namespace
+
+TEST_CASE("value_and_grad matches an fp64 Eigen reference, depth 1-3", "[mlp]") {
+  const std::vector<Problem> problems = {
+      {{5, 1}, dpmlp::Activation::identity, 37},       {{32, 32, 1}, dpmlp::Activation::relu, 1000},
+      {{6, 9, 2}, dpmlp::Activation::tanh, 123},       {{4, 8, 7, 3}, dpmlp::Activation::relu, 300},
+      {{4, 8, 7, 3}, dpmlp::Activation::tanh, 300},    {{3, 5, 5, 2}, dpmlp::Activation::identity, 64},
+  };
+  std::mt19937 gen(7);
+  std::normal_distribution<double> normal;
+  for (const auto& pr : problems) {
+    for (std::int64_t block : {std::int64_t(0), std::int64_t(16)}) {
+      dpmlp::Mlp<float, Memory> model(pr.widths, pr.act);
+      model.init_jax(dpmlp::random::PRNGKey(3), 0.5f);
+      const int in = pr.widths.front(), out = pr.widths.back();
+      MatD x(pr.rows, in), y(pr.rows, out);
+      for (int i = 0; i < x.size(); ++i) x.data()[i] = float(normal(gen));
+      for (int i = 0; i < y.size(); ++i) y.data()[i] = float(normal(gen));
+      Kokkos::View<float**, Kokkos::LayoutRight, Memory> xv("x", pr.rows, in), yv("y", pr.rows, out);
+      auto hx = Kokkos::create_mirror_view(xv);
+      auto hy = Kokkos::create_mirror_view(yv);
+      for (int r = 0; r < pr.rows; ++r) {
+        for (int c = 0; c < in; ++c) hx(r, c) = static_cast<float>(x(r, c));
+        for (int c = 0; c < out; ++c) hy(r, c) = static_cast<float>(y(r, c));
+      }
+      Kokkos::deep_copy(xv, hx);
+      Kokkos::deep_copy(yv, hy);
+      Kokkos::View<float*, Memory> grad("grad", model.num_params());
+      const float loss = dpmlp::value_and_grad(Space(), model, xv, yv, grad, block);
+      const auto p = host_vector(model.params());
+      std::vector<double> gref;
+      const double lref = reference_value_and_grad(pr.widths, pr.act, p, x, y, gref);
+      const auto g = host_vector(grad);
+      double num = 0, den = 0;
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        num += (g[i] - gref[i]) * (g[i] - gref[i]);
+        den += gref[i] * gref[i];
+      }
+      INFO("widths " << pr.widths.size() << " layers, act " << dpmlp::activation_name(pr.act) << ", block " << block);
+      CHECK(std::fabs(loss - lref) <= 1e-5 * std::max(1.0, lref));
+      CHECK(std::sqrt(num / den) < 1e-5);
+    }
+  }
+}
+
+TEST_CASE("value_and_grad matches central finite differences in double", "[mlp]") {
+  const std::vector<int> widths = {3, 4, 2};
+  for (auto act : {dpmlp::Activation::tanh, dpmlp::Activation::relu}) {
+    dpmlp::Mlp<double, Memory> model(widths, act);
+    model.init_jax(dpmlp::random::PRNGKey(11), 0.7);
+    const int rows = 23;
+    Kokkos::View<double**, Kokkos::LayoutRight, Memory> x("x", rows, 3), y("y", rows, 2);
+    auto hx = Kokkos::create_mirror_view(x);
+    auto hy = Kokkos::create_mirror_view(y);
+    for (int r = 0; r < rows; ++r) {
+      for (int c = 0; c < 3; ++c) hx(r, c) = std::sin(1.7 * r + c) + 0.1 * c;
+      for (int c = 0; c < 2; ++c) hy(r, c) = std::cos(0.9 * r - c);
+    }
+    Kokkos::deep_copy(x, hx);
+    Kokkos::deep_copy(y, hy);
+    Kokkos::View<double*, Memory> grad("grad", model.num_params()), scratch("scratch", model.num_params());
+    dpmlp::value_and_grad(Space(), model, x, y, grad, 5);
+    const auto g = host_vector(grad);
+    // A separate copy of the parameters (a host mirror of host memory would alias them).
+    Kokkos::View<double*, Kokkos::HostSpace> params("params", model.num_params());
+    Kokkos::deep_copy(params, model.params());
+    const double h = 1e-6;
+    for (std::size_t i = 0; i < model.num_params(); ++i) {
+      auto shifted = [&](double delta) {
+        Kokkos::View<double*, Kokkos::HostSpace> q("q", model.num_params());
+        Kokkos::deep_copy(q, params);
+        q(i) += delta;
+        Kokkos::deep_copy(model.params(), q);
+        return dpmlp::value_and_grad(Space(), model, x, y, scratch, 5);
+      };
+      const double fd = (shifted(h) - shifted(-h)) / (2 * h);
+      INFO("param " << i << " act " << dpmlp::activation_name(act));
+      CHECK(g[i] == Approx(fd).margin(1e-6).epsilon(1e-5));
+    }
+    Kokkos::deep_copy(model.params(), params);
+  }
+}
+
+TEST_CASE("init_jax draws the JAX original's initial parameters", "[mlp][random]") {
+  const auto ref = json_lite::parse_file(DPMLP_REFERENCE_DIR "/seed_reference.json");
+  const auto& init = ref["init_params"];
+  dpmlp::Mlp<float, Memory> model;  // the seed's 32 -> 32 -> 1
+  model.init_jax(dpmlp::random::PRNGKey(1), 0.1f);
+  const auto p = host_vector(model.params());
+  const auto& w1 = init["w1"];
+  const auto& w2 = init["w2"];
+  REQUIRE(w1.size() == 32 * 32);
+  REQUIRE(w2.size() == 32);
+  double worst = 0;
+  for (std::size_t i = 0; i < 32 * 32; ++i) worst = std::max(worst, std::fabs(p[model.weight_offset(0) + i] - w1[i].as_double()));
+  for (std::size_t i = 0; i < 32; ++i) worst = std::max(worst, std::fabs(p[model.weight_offset(1) + i] - w2[i].as_double()));
+  for (std::size_t i = 0; i < 32; ++i) CHECK(p[model.bias_offset(0) + i] == 0.0);
+  CHECK(p[model.bias_offset(1)] == 0.0);
+  CHECK(worst <= 1e-7);
+}
+
+TEST_CASE("the GEMM backends agree with the portable kernel", "[mlp][linalg]") {
+  using dpmlp::linalg::Op;
+  const int m = 13, n = 7, k = 29, batch = 3;
+  Kokkos::View<float*, Memory> a("a", batch * m * k), b("b", batch * k * n), c1("c1", batch * m * n),
+      c2("c2", batch * m * n);
+  dpmlp::random::normal(Space(), dpmlp::random::PRNGKey(5), a, 0);
+  dpmlp::random::normal(Space(), dpmlp::random::PRNGKey(6), b, 0);
+  for (Op oa : {Op::N, Op::T}) {
+    for (Op ob : {Op::N, Op::T}) {
+      dpmlp::linalg::BatchedGemm<float> g;
+      g.op_a = oa;
+      g.op_b = ob;
+      g.m = m;
+      g.n = n;
+      g.k = k;
+      g.a = a.data();
+      g.lda = oa == Op::N ? k : m;
+      g.stride_a = m * k;
+      g.b = b.data();
+      g.ldb = ob == Op::N ? n : k;
+      g.stride_b = k * n;
+      g.ldc = n;
+      g.stride_c = m * n;
+      g.batch = batch;
+      g.c = c1.data();
+      dpmlp::linalg::gemm(Space(), dpmlp::linalg::Backend::portable, g);
+      g.c = c2.data();
+      dpmlp::linalg::gemm(Space(), dpmlp::linalg::default_backend<Space>(false), g);
+      auto h1 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), c1);
+      auto h2 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), c2);
+      double worst = 0;
+      for (std::size_t i = 0; i < h1.extent(0); ++i) worst = std::max(worst, double(std::fabs(h1(i) - h2(i))));
+      CHECK(worst < 1e-4);
+    }
+  }
+}

@@ -1,0 +1,123 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The block tree: for every block count and rank count, simulating the ranks on one process, the
+// subtree sums the ranks would exchange, finished with the combine program, give bitwise the one-rank sum.
+#include <catch2/catch.hpp>
+
+#include <dpmlp/reduction.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace {
+
+// The canonical tree sum of blocks [lo, lo + 2^level) clipped to n, written as the definition says.
+float tree_sum(const std::vector<float>& v, std::int64_t lo, int level, std::int64_t n) {
+  if (level == 0) return v[lo];
+  const std::int64_t half = std::int64_t(1) << (level - 1);
+  const float a = tree_sum(v, lo, level - 1, n);
+  if (lo + half >= n) return a;
+  return a + tree_sum(v, lo + half, level - 1, n);
+}
+
+// What the ranks compute, simulated: each rank's local subtree sums (as BlockTreeReducer::reduce_local
+// does, in place), gathered in rank order, then the combine program.
+float simulate(const std::vector<float>& blocks, std::int64_t rows, std::int64_t block_rows, int size) {
+  std::vector<float> values;
+  int slots = 0;
+  std::vector<dpmlp::BlockTreePlan> plans;
+  for (int r = 0; r < size; ++r) plans.emplace_back(rows, block_rows, r, size);
+  slots = plans[0].slots();
+  values.assign(plans[0].values(), 0.0f);
+  for (int r = 0; r < size; ++r) {
+    const auto& plan = plans[r];
+    REQUIRE(plan.slots() == slots);
+    std::vector<float> local(blocks.begin() + plan.shard().first_block, blocks.begin() + plan.shard().end_block);
+    const std::int64_t nl = static_cast<std::int64_t>(local.size());
+    int i = 0;
+    for (const auto& node : plan.local_nodes()) {
+      const std::int64_t lo = node.lo - plan.shard().first_block;
+      const std::int64_t hi = std::min(lo + (std::int64_t(1) << node.level), nl);
+      for (std::int64_t stride = 1; lo + stride < hi; stride *= 2) {
+        for (std::int64_t g = lo; g + stride < hi; g += 2 * stride) local[g] += local[g + stride];
+      }
+      values[r * slots + i++] = local[lo];
+    }
+  }
+  for (const auto& op : plans[0].program()) values[op.dst] = values[op.a] + values[op.b];
+  return values[plans[0].root()];
+}
+
+}  // namespace
+
+TEST_CASE("shards are whole blocks, cover every row once, and differ by at most one block", "[reduction]") {
+  for (std::int64_t rows : {1, 7, 256, 257, 20000, 100003}) {
+    for (std::int64_t block : {1, 3, 16, 256}) {
+      for (int size = 1; size <= 8; ++size) {
+        std::int64_t next = 0, min_blocks = INT64_MAX, max_blocks = 0;
+        for (int r = 0; r < size; ++r) {
+          const auto s = dpmlp::make_shard(rows, block, r, size);
+          CHECK(s.first_row == next);
+          CHECK((s.first_row % block == 0 || s.rows() == 0));
+          next = s.end_row;
+          min_blocks = std::min(min_blocks, s.local_blocks());
+          max_blocks = std::max(max_blocks, s.local_blocks());
+        }
+        CHECK(next == rows);
+        CHECK(max_blocks - min_blocks <= 1);
+      }
+    }
+  }
+}
+
+TEST_CASE("the distributed tree sum is bitwise the one-rank tree sum", "[reduction]") {
+  std::mt19937 gen(12345);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (std::int64_t nblocks : {1, 2, 3, 5, 8, 13, 79, 128, 129, 1000}) {
+    std::vector<float> blocks(nblocks);
+    for (auto& b : blocks) b = dist(gen) * std::pow(10.0f, static_cast<float>(gen() % 7) - 3.0f);
+    int top = 0;
+    while ((std::int64_t(1) << top) < nblocks) ++top;
+    const float reference = tree_sum(blocks, 0, top, nblocks);
+    for (int size = 1; size <= 9; ++size) {
+      const float got = simulate(blocks, nblocks * 4, 4, size);
+      INFO("blocks " << nblocks << ", ranks " << size);
+      CHECK(std::memcmp(&got, &reference, sizeof(float)) == 0);
+    }
+  }
+}
+
+TEST_CASE("each rank exchanges O(log blocks) subtree sums", "[reduction]") {
+  for (std::int64_t nblocks : {16, 1000, 4096, 100000}) {
+    for (int size : {2, 3, 7, 8}) {
+      const dpmlp::BlockTreePlan plan(nblocks, 1, 0, size);
+      int log2 = 0;
+      while ((std::int64_t(1) << log2) < nblocks) ++log2;
+      INFO("blocks " << nblocks << ", ranks " << size << ", slots " << plan.slots());
+      CHECK(plan.slots() <= 2 * log2 + 2);
+    }
+  }
+}
+
+TEST_CASE("the device reducer matches the simulation on one rank", "[reduction]") {
+  using Space = Kokkos::DefaultExecutionSpace;
+  const std::int64_t rows = 1000, block = 7;
+  const dpmlp::BlockTreePlan plan(rows, block, 0, 1);
+  const std::int64_t nb = plan.shard().local_blocks();
+  Kokkos::View<double**, Kokkos::LayoutRight, Space::memory_space> partials("partials", nb, 3);
+  auto h = Kokkos::create_mirror_view(partials);
+  std::vector<float> col0(nb);
+  for (std::int64_t b = 0; b < nb; ++b) {
+    for (int p = 0; p < 3; ++p) h(b, p) = std::sin(0.37 * b + p) * (p + 1);
+  }
+  Kokkos::deep_copy(partials, h);
+  dpmlp::BlockTreeReducer<Space, double> reducer(plan, 3, dpmlp::Reduction::reproducible);
+  const dpmlp::NoCommunicator none;
+  auto total = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), reducer.reduce(Space(), partials, none));
+  for (int p = 0; p < 3; ++p) {
+    double expect = 0;
+    for (std::int64_t b = 0; b < nb; ++b) expect += std::sin(0.37 * b + p) * (p + 1);
+    CHECK(total(p) == Approx(expect).epsilon(1e-12));
+  }
+}
