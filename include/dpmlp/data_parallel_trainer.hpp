@@ -155,7 +155,7 @@ class DataParallelTrainer {
   std::int64_t steps_done() const { return steps_done_; }
   void set_steps_done(std::int64_t steps) { steps_done_ = steps; }
 
- private:
+ // The rest is public only because CUDA's extended lambdas may not live in private member functions.
   void step_into(int s, Scalar inv) {
     engine_.compute(space_, x_, y_, inv);
     const auto total = reducer_.reduce(space_, engine_.partials(), comm_);
@@ -226,6 +226,7 @@ class DataParallelTrainer {
            std::to_string(plan_.shard().first_row + first / cols) + ", column " + std::to_string(first % cols);
   }
 
+ private:
   Comm comm_;
   model_type model_;
   Optimizer optimizer_;

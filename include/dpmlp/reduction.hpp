@@ -230,7 +230,7 @@ class BlockTreeReducer {
     return Kokkos::subview(values_, plan_.root(), Kokkos::ALL);
   }
 
- private:
+ // Public only because CUDA's extended lambdas may not live in private member functions.
   // Sums each local subtree in the canonical shape, in place, then stages the subtree sums in send_ (unused
   // slots zero). Fast mode sums all local blocks into slot 0.
   void reduce_local(const ExecSpace& space, const matrix& partials) const {
@@ -276,6 +276,7 @@ class BlockTreeReducer {
         });
   }
 
+ private:
   BlockTreePlan plan_;
   std::int64_t width_ = 0;
   Reduction mode_ = Reduction::reproducible;
@@ -285,6 +286,17 @@ class BlockTreeReducer {
   Kokkos::View<int*, memory_space> node_level_;
   Kokkos::View<int* [3], memory_space> program_;
 };
+
+namespace detail {
+template <class V>
+KOKKOS_INLINE_FUNCTION std::enable_if_t<V::rank == 1, double> row_value(const V& v, std::int64_t r, std::int64_t) {
+  return static_cast<double>(v(r));
+}
+template <class V>
+KOKKOS_INLINE_FUNCTION std::enable_if_t<V::rank == 2, double> row_value(const V& v, std::int64_t r, std::int64_t p) {
+  return static_cast<double>(v(r, p));
+}
+}  // namespace detail
 
 // The reproducible sum over all ranks' rows of row_values (this rank's shard rows x width, or rank 1: one
 // value a row), returned on the host. Collective. Used for the Standardizer checksum.
@@ -307,13 +319,7 @@ std::vector<double> reproducible_row_sum(const ExecSpace& space, const Comm& com
         const std::int64_t b = idx / width, p = idx % width;
         const std::int64_t end = (b + 1) * block < rows ? (b + 1) * block : rows;
         double acc = 0.0;
-        for (std::int64_t r = b * block; r < end; ++r) {
-          if constexpr (Values::rank == 1) {
-            acc += static_cast<double>(v(r));
-          } else {
-            acc += static_cast<double>(v(r, p));
-          }
-        }
+        for (std::int64_t r = b * block; r < end; ++r) acc += detail::row_value(v, r, p);
         partials(b, p) = acc;
       });
   BlockTreeReducer<ExecSpace, double> reducer(plan, width, Reduction::reproducible);

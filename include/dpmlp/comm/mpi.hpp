@@ -34,7 +34,7 @@ MPI_Datatype mpi_type() {
   if (std::is_same<T, std::int64_t>::value) return MPI_INT64_T;
   if (std::is_same<T, std::uint32_t>::value) return MPI_UINT32_T;
   if (std::is_same<T, std::uint64_t>::value) return MPI_UINT64_T;
-  if (std::is_same<T, unsigned char>::value) return MPI_BYTE;
+  if (std::is_same<T, unsigned char>::value) return MPI_UINT8_T;
   throw std::invalid_argument("dpmlp: no MPI datatype for this scalar type");
 }
 

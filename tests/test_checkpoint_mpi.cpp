@@ -1,0 +1,504 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Checkpoints (dpmlp/checkpoint.hpp), at 1, 2 and 3 ranks:
+//   - a run resumed from step k ends at step n with BITWISE the parameters (and optimizer state) of a run
+//     that was never interrupted, for Sgd, Sgd with momentum and Adam (whose state matters), in float32 and
+//     float64, and a checkpoint written at N ranks resumes on one rank with the same bits;
+//   - the file is the documented format (decoded here independently of the library);
+//   - every bad file (truncated, flipped byte, wrong version/magic/scalar type, another model or optimizer,
+//     missing) and every unwritable path throws InputError on EVERY rank, with the same message, and leaves
+//     the trainer's parameters, optimizer state and step count unchanged.
+// Only rank 0 touches files; the other ranks learn the outcome from the library (that is what is tested).
+#include <catch2/catch.hpp>
+
+#include <mpi.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <dpmlp/checkpoint.hpp>
+#include <dpmlp/dpmlp.hpp>
+
+#include "mpi_test_util.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using ExecSpace = Kokkos::DefaultExecutionSpace;
+using Memory = ExecSpace::memory_space;
+using Comm = dpmlp::MpiCommunicator;
+template <class Opt, class Scalar = float>
+using Trainer = dpmlp::DataParallelTrainer<ExecSpace, Comm, Opt, Scalar>;
+
+constexpr std::int64_t kRows = 257;  // not a multiple of the block: the last block is short
+const std::vector<int> kWidths = {8, 16, 1};
+
+dpmlp::TrainerOptions small_blocks() {
+  dpmlp::TrainerOptions o;
+  o.block_rows = 16;  // 17 blocks: every rank count here gets several blocks
+  return o;
+}
+
+// One trainer on a synthetic regression problem: x ~ N(0, 1), y ~ N(0, 1), each rank drawing only its own
+// rows (random::normal range draws), so the global data set is the same at any rank count.
+template <class Opt, class Scalar = float>
+struct Run {
+  using matrix = Kokkos::View<Scalar**, Kokkos::LayoutRight, Memory>;
+  using flat = Kokkos::View<Scalar*, Memory, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+  Run(const Opt& opt, std::uint64_t init_seed = 1, std::vector<int> widths = kWidths,
+      dpmlp::Activation act = dpmlp::Activation::relu, MPI_Comm comm = MPI_COMM_WORLD)
+      : model(init(widths, act, init_seed)), trainer(comm, model, kRows, opt, small_blocks()) {
+    const dpmlp::Shard s = trainer.shard();
+    const int in = widths.front(), out = widths.back();
+    x = matrix("x", s.rows(), in);
+    y = matrix("y", s.rows(), out);
+    const auto keys = dpmlp::random::split(dpmlp::random::PRNGKey(7), 2);
+    ExecSpace space;
+    dpmlp::random::normal(space, keys[0], flat(x.data(), x.span()), std::uint64_t(s.first_row * in));
+    dpmlp::random::normal(space, keys[1], flat(y.data(), y.span()), std::uint64_t(s.first_row * out));
+    dpmlp::compat::fence(space, "test_checkpoint: data");
+    trainer.set_data(x, y);
+  }
+
+  static dpmlp::Mlp<Scalar, Memory> init(const std::vector<int>& widths, dpmlp::Activation act,
+                                         std::uint64_t seed) {
+    dpmlp::Mlp<Scalar, Memory> m(widths, act);
+    m.init_jax(dpmlp::random::PRNGKey(seed), Scalar(0.3));
+    return m;
+  }
+
+  dpmlp::Mlp<Scalar, Memory> model;
+  Trainer<Opt, Scalar> trainer;
+  matrix x, y;
+};
+
+template <class View>
+std::vector<unsigned char> bytes_of(const View& v) {
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  const auto* p = reinterpret_cast<const unsigned char*>(h.data());
+  return std::vector<unsigned char>(p, p + h.span() * sizeof(typename View::non_const_value_type));
+}
+
+// Everything a checkpoint restores.
+struct Snapshot {
+  std::vector<unsigned char> params, state;
+  std::int64_t steps = -1;
+  bool operator==(const Snapshot& o) const {
+    return params == o.params && state == o.state && steps == o.steps;
+  }
+};
+
+template <class T>
+Snapshot snapshot(const T& t) {
+  return Snapshot{bytes_of(t.model().params()), bytes_of(t.optimizer_state()), t.steps_done()};
+}
+
+// True on every rank when every rank passes the same text (compared by digest).
+bool same_on_all_ranks(const std::string& text) {
+  const std::uint64_t h = dpmlp::fnv1a64(text.data(), text.size());
+  std::uint64_t lo = h, hi = h;
+  MPI_Allreduce(&h, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&h, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  return lo == hi;
+}
+
+bool same_on_all_ranks(const std::vector<unsigned char>& bytes) {
+  return same_on_all_ranks(std::string(bytes.begin(), bytes.end()));
+}
+
+// A directory for this test case's files: rank 0 makes it and tells the others its name (only rank 0 uses
+// it, but the paths passed to the collective calls are the same everywhere); removed at the end.
+class TempDir {
+ public:
+  TempDir() {
+    std::string name;
+    if (dpmlp_test::rank() == 0) {
+      const char* base = std::getenv("TMPDIR");
+      std::string pattern = std::string(base && *base ? base : "/tmp") + "/dpmlp_ckpt_" +
+                            std::to_string(static_cast<long long>(::getpid())) + "_XXXXXX";
+      if (::mkdtemp(&pattern[0])) name = pattern;
+    }
+    int length = static_cast<int>(name.size());
+    MPI_Bcast(&length, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    name.resize(static_cast<std::size_t>(length));
+    MPI_Bcast(&name[0], length, MPI_CHAR, 0, MPI_COMM_WORLD);
+    path_ = name;
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  ~TempDir() {
+    MPI_Barrier(MPI_COMM_WORLD);
+    std::error_code ignored;
+    if (dpmlp_test::rank() == 0 && !path_.empty()) fs::remove_all(path_, ignored);
+  }
+  bool ok() const { return !path_.empty(); }
+  std::string file(const std::string& leaf) const { return path_ + "/" + leaf; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+std::vector<unsigned char> read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<unsigned char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void write_all(const std::string& path, const std::vector<unsigned char>& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+// Rank 0: a copy of `from` changed by `edit`, written to `to`.
+template <class F>
+void rank0_edit(const std::string& from, const std::string& to, F&& edit) {
+  if (dpmlp_test::rank() != 0) return;
+  auto bytes = read_all(from);
+  edit(bytes);
+  write_all(to, bytes);
+}
+
+// The temporary files save_checkpoint may leave behind (it must leave none).
+int leftover_tmp_files(const std::string& dir) {
+  int n = 0;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().filename().string().find(".tmp.") != std::string::npos) ++n;
+  }
+  return n;
+}
+
+struct Outcome {
+  bool input_error = false;
+  std::string message, other;
+};
+
+template <class F>
+Outcome outcome_of(F&& f) {
+  Outcome o;
+  try {
+    f();
+  } catch (const dpmlp::InputError& e) {
+    o.input_error = true;
+    o.message = e.what();
+  } catch (const std::exception& e) {
+    o.other = e.what();
+  }
+  return o;
+}
+
+// The library must refuse on EVERY rank, with one message (agree() carries rank 0's reason to all).
+void check_refused_everywhere(const Outcome& o, const std::vector<std::string>& needles) {
+  INFO("message: " << o.message);
+  CHECK(o.other.empty());
+  CHECK(o.input_error);
+  for (const auto& n : needles) CHECK_THAT(o.message, Catch::Contains(n));
+  const bool everywhere = dpmlp_test::all(o.input_error);
+  CHECK(everywhere);
+  const bool same = same_on_all_ranks(o.message);
+  CHECK(same);
+}
+
+template <class Opt, class Scalar = float>
+void check_bitwise_resume(const Opt& opt, const TempDir& dir, const std::string& leaf) {
+  constexpr int n = 12, k = 5;
+  const std::string path = dir.file(leaf);
+
+  Run<Opt, Scalar> whole(opt);
+  whole.trainer.train(n);
+  const Snapshot end = snapshot(whole.trainer);
+  CHECK(end.steps == n);
+
+  Run<Opt, Scalar> first(opt);
+  first.trainer.train(k);
+  dpmlp::save_checkpoint(first.trainer, path);
+  const Snapshot at_k = snapshot(first.trainer);
+
+  // A trainer that starts elsewhere (another initialization, another step count) is fully overwritten.
+  Run<Opt, Scalar> resumed(opt, /*init_seed=*/99);
+  resumed.trainer.train(1);
+  dpmlp::load_checkpoint(resumed.trainer, path);
+  CHECK(snapshot(resumed.trainer) == at_k);
+  CHECK(resumed.trainer.steps_done() == k);
+  resumed.trainer.train(3);  // the rest in two calls: train() boundaries must not matter either
+  resumed.trainer.train(n - k - 3);
+  const Snapshot after = snapshot(resumed.trainer);
+  CHECK(after.steps == n);
+  CHECK((after.params == end.params));  // bitwise
+  CHECK((after.state == end.state));
+  CHECK(dpmlp::params_digest(resumed.trainer) == dpmlp::params_digest(whole.trainer));
+  const bool replicas_agree = same_on_all_ranks(after.params);
+  CHECK(replicas_agree);
+
+  // The test can tell: resuming the parameters without the optimizer state (or the step count, which Adam's
+  // bias correction uses) ends elsewhere.
+  if (!at_k.state.empty()) {
+    Run<Opt, Scalar> stateless(opt, 99);
+    dpmlp::load_checkpoint(stateless.trainer, path);
+    Kokkos::deep_copy(stateless.trainer.optimizer_state(), Scalar(0));
+    stateless.trainer.train(n - k);
+    CHECK((snapshot(stateless.trainer).params != end.params));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a resumed run is bitwise the uninterrupted run (Sgd, Sgd+momentum, Adam; f32, f64)",
+          "[mpi][checkpoint]") {
+  const TempDir dir;
+  REQUIRE(dpmlp_test::all(dir.ok()));
+  SECTION("sgd") { check_bitwise_resume(dpmlp::Sgd(0.05), dir, "sgd.ckpt"); }
+  SECTION("sgd with momentum") { check_bitwise_resume(dpmlp::Sgd(0.02, 0.9), dir, "momentum.ckpt"); }
+  SECTION("adam") { check_bitwise_resume(dpmlp::Adam(0.01), dir, "adam.ckpt"); }
+  SECTION("sgd with momentum, float64") {
+    check_bitwise_resume<dpmlp::Sgd, double>(dpmlp::Sgd(0.02, 0.9), dir, "momentum64.ckpt");
+  }
+  SECTION("adam, float64") {
+    check_bitwise_resume<dpmlp::Adam, double>(dpmlp::Adam(0.01), dir, "adam64.ckpt");
+  }
+  CHECK((dpmlp_test::rank() != 0 || leftover_tmp_files(dir.path()) == 0));
+}
+
+TEST_CASE("a checkpoint written at N ranks resumes on one rank with the same bits", "[mpi][checkpoint]") {
+  const TempDir dir;
+  REQUIRE(dpmlp_test::all(dir.ok()));
+  const dpmlp::Adam opt(0.01);
+  constexpr int n = 10, k = 4;
+  Run<dpmlp::Adam> whole(opt);
+  whole.trainer.train(n);
+  const Snapshot end = snapshot(whole.trainer);
+  Run<dpmlp::Adam> first(opt);
+  first.trainer.train(k);
+  dpmlp::save_checkpoint(first.trainer, dir.file("adam.ckpt"));
+
+  // Rank 0 alone (MPI_COMM_SELF: the shard is every row) loads the N-rank checkpoint and finishes the run.
+  // Reproducible reductions make the bits independent of the rank count, so it must end where the N-rank
+  // run ended. Nothing here may throw past the other ranks, so failures are recorded, then checked.
+  std::string error;
+  bool same = true;
+  if (dpmlp_test::rank() == 0) {
+    try {
+      Run<dpmlp::Adam> alone(opt, 99, kWidths, dpmlp::Activation::relu, MPI_COMM_SELF);
+      dpmlp::load_checkpoint(alone.trainer, dir.file("adam.ckpt"));
+      alone.trainer.train(n - k);
+      same = snapshot(alone.trainer) == end;
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  CHECK(error.empty());
+  CHECK(same);
+  CHECK(dpmlp_test::all(same && error.empty()));
+}
+
+TEST_CASE("the file is the documented format", "[mpi][checkpoint]") {
+  const TempDir dir;
+  REQUIRE(dpmlp_test::all(dir.ok()));
+  Run<dpmlp::Sgd> run(dpmlp::Sgd(0.02, 0.9));
+  run.trainer.train(3);
+  const std::string path = dir.file("format.ckpt");
+  dpmlp::save_checkpoint(run.trainer, path);
+  if (dpmlp_test::rank() != 0) return;  // rank 0 reads the file; no collectives below
+
+  const auto file = read_all(path);
+  const std::size_t P = run.model.num_params(), S = run.trainer.optimizer_state().extent(0);
+  CHECK(P == 8 * 16 + 16 + 16 * 1 + 1);
+  CHECK(S == P);
+  const std::size_t header = 8 + 4 + 4 + 4 + 4 * kWidths.size() + 4 + 4 + 3 + 8 + 8 + 8;
+  REQUIRE(file.size() == header + (P + S) * sizeof(float) + 8);
+  std::size_t at = 0;
+  auto le = [&](int bytes) {
+    std::uint64_t v = 0;
+    for (int i = 0; i < bytes; ++i) v |= std::uint64_t(file[at + i]) << (8 * i);
+    at += bytes;
+    return v;
+  };
+  CHECK(std::string(file.begin(), file.begin() + 8) == "DPMLPCK1");
+  at = 8;
+  CHECK(le(4) == 1);  // version
+  CHECK(le(4) == 4);  // float32
+  CHECK(le(4) == kWidths.size());
+  for (int w : kWidths) CHECK(le(4) == std::uint64_t(w));
+  CHECK(le(4) == 0);  // relu
+  CHECK(le(4) == 3);
+  CHECK(std::string(file.begin() + at, file.begin() + at + 3) == "sgd");
+  at += 3;
+  CHECK(le(8) == S);
+  CHECK(le(8) == P);
+  CHECK(le(8) == 3);  // steps
+  CHECK(at == header);
+  const auto params = bytes_of(run.model.params()), state = bytes_of(run.trainer.optimizer_state());
+  CHECK(std::equal(params.begin(), params.end(), file.begin() + header));  // little-endian host
+  CHECK(std::equal(state.begin(), state.end(), file.begin() + header + params.size()));
+  at = file.size() - 8;
+  CHECK(le(8) == dpmlp::fnv1a64(file.data(), file.size() - 8));
+  CHECK(leftover_tmp_files(dir.path()) == 0);
+}
+
+TEST_CASE("load refuses a bad file on every rank and leaves the trainer unchanged", "[mpi][checkpoint]") {
+  const TempDir dir;
+  REQUIRE(dpmlp_test::all(dir.ok()));
+  const std::string good = dir.file("good.ckpt"), bad = dir.file("bad.ckpt");
+  Run<dpmlp::Sgd> source(dpmlp::Sgd(0.05));
+  source.trainer.train(3);
+  dpmlp::save_checkpoint(source.trainer, good);
+  const std::size_t P = source.model.num_params();
+  // Where the parameters start: the file is header + P floats + no state (plain Sgd) + 8 checksum bytes.
+  std::size_t header = 0;
+  if (dpmlp_test::rank() == 0) header = read_all(good).size() - P * sizeof(float) - 8;
+
+  // The target has other parameters and another step count, which must survive every refusal.
+  Run<dpmlp::Sgd> target(dpmlp::Sgd(0.05), 99);
+  target.trainer.train(1);
+  const Snapshot before = snapshot(target.trainer);
+  auto refused = [&](const std::string& path, const std::vector<std::string>& needles) {
+    check_refused_everywhere(outcome_of([&] { dpmlp::load_checkpoint(target.trainer, path); }), needles);
+    CHECK(snapshot(target.trainer) == before);
+  };
+
+  SECTION("truncated in the parameters") {
+    rank0_edit(good, bad, [](std::vector<unsigned char>& b) { b.resize(b.size() - 10); });
+    refused(bad, {"rank 0: ", "bad.ckpt", "truncated"});
+  }
+  SECTION("truncated in the header") {
+    rank0_edit(good, bad, [](std::vector<unsigned char>& b) { b.resize(30); });
+    refused(bad, {"truncated"});
+  }
+  SECTION("empty file") {
+    rank0_edit(good, bad, [](std::vector<unsigned char>& b) { b.clear(); });
+    refused(bad, {"not a dpmlp checkpoint"});
+  }
+  SECTION("one flipped byte in the parameters") {
+    rank0_edit(good, bad, [&](std::vector<unsigned char>& b) { b[header + 10] ^= 0x01; });
+    refused(bad, {"corrupted", "checksum"});
+  }
+  SECTION("one flipped byte in the header's widths") {
+    rank0_edit(good, bad, [&](std::vector<unsigned char>& b) { b[24] ^= 0x01; });  // width 1: 16 -> 17
+    refused(bad, {"corrupted"});  // the checksum is checked before the widths are compared
+  }
+  SECTION("one flipped byte in the checksum") {
+    rank0_edit(good, bad, [](std::vector<unsigned char>& b) { b.back() ^= 0x80; });
+    refused(bad, {"corrupted"});
+  }
+  SECTION("trailing bytes") {
+    rank0_edit(good, bad, [](std::vector<unsigned char>& b) { b.push_back(0); });
+    refused(bad, {"corrupted"});
+  }
+  SECTION("wrong version") {
+    rank0_edit(good, bad, [](std::vector<unsigned char>& b) { b[8] = 2; });
+    refused(bad, {"format version 2", "reads version 1"});
+  }
+  SECTION("wrong magic") {
+    rank0_edit(good, bad, [](std::vector<unsigned char>& b) { b[0] = 'X'; });
+    refused(bad, {"not a dpmlp checkpoint"});
+  }
+  SECTION("not a checkpoint at all") {
+    rank0_edit(good, bad, [](std::vector<unsigned char>& b) {
+      const std::string text = "widths,activation\n8-16-1,relu\n";
+      b.assign(text.begin(), text.end());
+    });
+    refused(bad, {"not a dpmlp checkpoint"});
+  }
+  SECTION("missing file") { refused(dir.file("no_such.ckpt"), {"no_such.ckpt", "cannot open"}); }
+  SECTION("a directory") { refused(dir.path(), {"is a directory"}); }
+}
+
+TEST_CASE("load refuses a checkpoint of another model or optimizer, on every rank", "[mpi][checkpoint]") {
+  const TempDir dir;
+  REQUIRE(dpmlp_test::all(dir.ok()));
+  const std::string sgd_path = dir.file("sgd.ckpt");
+  {
+    Run<dpmlp::Sgd> source(dpmlp::Sgd(0.05));
+    source.trainer.train(2);
+    dpmlp::save_checkpoint(source.trainer, sgd_path);
+  }
+  auto refused_by = [&](auto& target, const std::vector<std::string>& needles) {
+    target.trainer.train(1);
+    const Snapshot before = snapshot(target.trainer);
+    check_refused_everywhere(outcome_of([&] { dpmlp::load_checkpoint(target.trainer, sgd_path); }), needles);
+    CHECK(snapshot(target.trainer) == before);
+  };
+
+  SECTION("other widths") {
+    Run<dpmlp::Sgd> target(dpmlp::Sgd(0.05), 1, {8, 32, 1});
+    refused_by(target, {"checkpoint is for widths 8-16-1, model is 8-32-1"});
+  }
+  SECTION("other depth") {
+    Run<dpmlp::Sgd> target(dpmlp::Sgd(0.05), 1, {8, 16, 16, 1});
+    refused_by(target, {"checkpoint is for widths 8-16-1, model is 8-16-16-1"});
+  }
+  SECTION("other activation") {
+    Run<dpmlp::Sgd> target(dpmlp::Sgd(0.05), 1, kWidths, dpmlp::Activation::tanh);
+    refused_by(target, {"activation relu", "tanh"});
+  }
+  SECTION("other optimizer") {
+    Run<dpmlp::Adam> target(dpmlp::Adam(0.01));
+    refused_by(target, {"checkpoint is for optimizer sgd, the trainer uses adam"});
+  }
+  SECTION("other optimizer state size (momentum)") {
+    Run<dpmlp::Sgd> target(dpmlp::Sgd(0.05, 0.9));
+    refused_by(target, {"optimizer state of 0 values", "has 161"});
+  }
+  SECTION("other scalar type") {
+    Run<dpmlp::Sgd, double> target(dpmlp::Sgd(0.05));
+    refused_by(target, {"holds float32 values", "model is float64"});
+  }
+}
+
+TEST_CASE("save refuses an unwritable path on every rank and leaves nothing behind", "[mpi][checkpoint]") {
+  const TempDir dir;
+  REQUIRE(dpmlp_test::all(dir.ok()));
+  Run<dpmlp::Sgd> run(dpmlp::Sgd(0.05));
+  run.trainer.train(1);
+  const Snapshot before = snapshot(run.trainer);
+  auto refused = [&](const std::string& path, const std::vector<std::string>& needles) {
+    check_refused_everywhere(outcome_of([&] { dpmlp::save_checkpoint(run.trainer, path); }), needles);
+    CHECK(snapshot(run.trainer) == before);
+    CHECK((dpmlp_test::rank() != 0 || leftover_tmp_files(dir.path()) == 0));
+  };
+
+  SECTION("a directory that does not exist") {
+    refused(dir.file("no/such/dir/run.ckpt"), {"rank 0: ", "cannot create", "No such file or directory"});
+  }
+  SECTION("a directory without write permission") {
+    // root writes anyway, so this case needs an ordinary user (the CI container runs as root).
+    const bool root = dpmlp_test::all(::geteuid() == 0);
+    if (root) {
+      SUCCEED("running as root: permissions do not stop root; covered by the other sections");
+    } else {
+      const std::string locked = dir.file("locked");
+      if (dpmlp_test::rank() == 0) {
+        fs::create_directory(locked);
+        fs::permissions(locked, fs::perms::owner_read | fs::perms::owner_exec);
+      }
+      refused(locked + "/run.ckpt", {"cannot create", "Permission denied"});
+      if (dpmlp_test::rank() == 0) fs::permissions(locked, fs::perms::owner_all);
+    }
+  }
+  SECTION("the path is a directory (the rename fails; the temporary file is removed)") {
+    if (dpmlp_test::rank() == 0) fs::create_directory(dir.file("taken"));
+    refused(dir.file("taken"), {"cannot rename"});
+  }
+  SECTION("an empty path") { refused("", {"empty"}); }
+  SECTION("a save over an existing checkpoint replaces it") {
+    const std::string path = dir.file("run.ckpt");
+    dpmlp::save_checkpoint(run.trainer, path);
+    run.trainer.train(2);
+    dpmlp::save_checkpoint(run.trainer, path);
+    const Snapshot latest = snapshot(run.trainer);
+    Run<dpmlp::Sgd> other(dpmlp::Sgd(0.05), 99);
+    dpmlp::load_checkpoint(other.trainer, path);
+    CHECK(snapshot(other.trainer) == latest);
+    CHECK((dpmlp_test::rank() != 0 || leftover_tmp_files(dir.path()) == 0));
+  }
+}
