@@ -13,6 +13,8 @@
 // Exit codes: 0 PASS, 1 FAIL, 2 bad input or a runtime error, 77 fewer than 2 physical accelerators (skip).
 #include <dpmlp/dpmlp.hpp>
 
+#include "seed_problem.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -81,10 +83,6 @@ Options parse(int argc, char* argv[]) {
   return o;
 }
 
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 struct RunResult {
   dpmlp::TrainResult losses;
   double prep_ms = 0, train_ms = 0, checksum = 0;
@@ -95,7 +93,6 @@ struct RunResult {
 template <class Comm>
 RunResult run(MPI_Comm comm, const Options& o, bool timed) {
   namespace rnd = dpmlp::random;
-  const auto data_keys = rnd::split(rnd::PRNGKey(0), 2);
   const int features = dpmlp::Standardizer::features(o.cols);
 
   dpmlp::Mlp<float, Memory> model({features, o.hidden, 1});
@@ -105,33 +102,15 @@ RunResult run(MPI_Comm comm, const Options& o, bool timed) {
   topt.reduction = o.reduction == "fast" ? dpmlp::Reduction::fast : dpmlp::Reduction::reproducible;
   topt.block_rows = o.block_rows;
   dpmlp::DataParallelTrainer<ExecSpace, Comm> trainer(comm, model, o.rows, sgd, topt);
-  const dpmlp::Shard shard = trainer.shard();
-  const std::int64_t rows = shard.rows();
   ExecSpace space;
-
-  // This rank's raw rows: elements [first_row * cols, end_row * cols) of the seed's 320000-value draw,
-  // widened to double as the seed does (array('d', ...)).
-  Kokkos::View<double*, Memory> raw_flat("raw", rows * o.cols);
-  rnd::normal(space, data_keys[0], raw_flat, static_cast<std::uint64_t>(shard.first_row * o.cols));
-  Kokkos::View<const double**, Kokkos::LayoutRight, Memory, Kokkos::MemoryTraits<Kokkos::Unmanaged>> raw(
-      raw_flat.data(), rows, o.cols);
-  Kokkos::View<float**, Kokkos::LayoutRight, Memory> x("x", rows, features);
-  Kokkos::View<double*, Memory> row_sums("row_sums", rows);
-  Kokkos::View<float*, Memory> y_flat("y", rows);
-  rnd::normal(space, data_keys[1], y_flat, static_cast<std::uint64_t>(shard.first_row));
-  Kokkos::View<const float**, Kokkos::LayoutRight, Memory, Kokkos::MemoryTraits<Kokkos::Unmanaged>> y(y_flat.data(),
-                                                                                                      rows, 1);
-  dpmlp::compat::fence(space, "multi_gpu_train: data drawn");
 
   RunResult result;
   MPI_Barrier(comm);
-  double t0 = now_ms();
-  dpmlp::Standardizer().transform_rows(space, raw, x, row_sums);
-  dpmlp::compat::fence(space, "multi_gpu_train: prep");
-  result.prep_ms = now_ms() - t0;
-  const dpmlp::BlockTreePlan plan(o.rows, trainer.block_rows(), trainer.communicator().rank(),
-                                  trainer.communicator().size());
-  result.checksum = dpmlp::reproducible_row_sum(space, trainer.communicator(), plan, row_sums)[0];
+  const auto data = seed::make(space, trainer.shard(), o.cols);
+  result.prep_ms = data.prep_ms;
+  result.checksum = dpmlp::reproducible_row_sum(space, trainer.communicator(), trainer.plan(), data.row_sums)[0];
+  const auto& x = data.x;
+  const auto& y = data.y;
 
   trainer.set_data(x, y);
   if (timed && o.warmup > 0) {
@@ -143,9 +122,9 @@ RunResult run(MPI_Comm comm, const Options& o, bool timed) {
     warm.train(o.warmup);
   }
   MPI_Barrier(comm);
-  t0 = now_ms();
+  const double t0 = seed::now_ms();
   result.losses = trainer.train(o.steps);
-  result.train_ms = now_ms() - t0;
+  result.train_ms = seed::now_ms() - t0;
 
   auto p = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params());
   result.params.assign(p.data(), p.data() + p.extent(0));

@@ -98,6 +98,8 @@ class DataParallelTrainer {
   }
 
   const Shard& shard() const { return plan_.shard(); }
+  // The block tree of this shard layout (reproducible_row_sum takes it, to sum other row data alike).
+  const BlockTreePlan& plan() const { return plan_; }
   std::int64_t global_rows() const { return global_rows_; }
   std::int64_t block_rows() const { return block_; }
   linalg::Backend gemm_backend() const { return gemm_; }

@@ -1,0 +1,184 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// train_bench: times dpmlp training on the seed's problem at any size, under mpirun (1 or more ranks).
+//
+//   mpirun -np <ranks> train_bench [--rows N] [--hidden H] [--steps S] [--repeats R] [--warmup S]
+//                                  [--comm nccl|mpi] [--reduction reproducible|fast] [--block-rows B]
+//                                  [--no-check] [--allow-cpu-devices]
+//
+// Prints one JSON line (rank 0): the configuration, every repeat's time for `steps` steps (a fresh trainer
+// each repeat, the same initial parameters; after a warm-up run), their median, and the check: the loss
+// fell, and the final parameters agree with a one-device run (rank 0 alone) within the example's 1e-3.
+#include <dpmlp/dpmlp.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "../examples/seed_problem.hpp"
+
+namespace {
+
+using ExecSpace = Kokkos::DefaultExecutionSpace;
+using Memory = ExecSpace::memory_space;
+
+struct Options {
+  std::int64_t rows = 20000, block_rows = 0;
+  int cols = 16, hidden = 32, steps = 100, repeats = 5, warmup = 5;
+  double rate = 0.02;
+  std::string comm = dpmlp::default_communicator_t<ExecSpace>::name();
+  std::string reduction = "reproducible";
+  bool check = true, allow_cpu = false;
+};
+
+Options parse(int argc, char* argv[]) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) throw dpmlp::InputError(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--rows") o.rows = std::stoll(next());
+    else if (a == "--hidden") o.hidden = std::stoi(next());
+    else if (a == "--cols") o.cols = std::stoi(next());
+    else if (a == "--steps") o.steps = std::stoi(next());
+    else if (a == "--repeats") o.repeats = std::stoi(next());
+    else if (a == "--warmup") o.warmup = std::stoi(next());
+    else if (a == "--rate") o.rate = std::stod(next());
+    else if (a == "--block-rows") o.block_rows = std::stoll(next());
+    else if (a == "--comm") o.comm = next();
+    else if (a == "--reduction") o.reduction = next();
+    else if (a == "--no-check") o.check = false;
+    else if (a == "--allow-cpu-devices") o.allow_cpu = true;
+    else throw dpmlp::InputError("unknown option '" + a + "'");
+  }
+  if (o.rows <= 0 || o.hidden <= 0 || o.steps <= 0 || o.repeats <= 0 || o.warmup < 0) {
+    throw dpmlp::InputError("--rows, --hidden, --steps and --repeats must be positive");
+  }
+  if (o.reduction != "reproducible" && o.reduction != "fast") throw dpmlp::InputError("--reduction: reproducible|fast");
+  return o;
+}
+
+struct Timing {
+  std::vector<double> ms;
+  dpmlp::TrainResult last;
+  std::vector<float> params;
+  double prep_ms = 0;
+};
+
+template <class Comm>
+Timing time_runs(MPI_Comm comm, const Options& o, int repeats, int warmup) {
+  const int features = dpmlp::Standardizer::features(o.cols);
+  dpmlp::TrainerOptions topt;
+  topt.reduction = o.reduction == "fast" ? dpmlp::Reduction::fast : dpmlp::Reduction::reproducible;
+  topt.block_rows = o.block_rows;
+  const dpmlp::Sgd sgd(o.rate);
+  dpmlp::Mlp<float, Memory> initial({features, o.hidden, 1});
+  initial.init_jax(dpmlp::random::PRNGKey(1), 0.1f);
+  Timing t;
+  ExecSpace space;
+  // The data, once: its shard is the same for every trainer over this communicator.
+  auto model = initial.clone();
+  dpmlp::DataParallelTrainer<ExecSpace, Comm> first(comm, model, o.rows, sgd, topt);
+  const auto data = seed::make(space, first.shard(), o.cols);
+  t.prep_ms = data.prep_ms;
+  first.set_data(data.x, data.y);
+  if (warmup > 0) first.train(warmup);
+  for (int r = 0; r < repeats; ++r) {
+    auto m = initial.clone();
+    dpmlp::DataParallelTrainer<ExecSpace, Comm> trainer(comm, m, o.rows, sgd, topt);
+    trainer.set_data(data.x, data.y);
+    MPI_Barrier(comm);
+    const double t0 = seed::now_ms();
+    t.last = trainer.train(o.steps);
+    MPI_Barrier(comm);
+    t.ms.push_back(seed::now_ms() - t0);
+    if (r + 1 == repeats) {
+      auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), m.params());
+      t.params.assign(h.data(), h.data() + h.extent(0));
+    }
+  }
+  return t;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+template <class Comm>
+int bench(const Options& o) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const int devices = dpmlp::count_physical_devices<ExecSpace>(MPI_COMM_WORLD, o.allow_cpu);
+  const Timing multi = time_runs<Comm>(MPI_COMM_WORLD, o, o.repeats, o.warmup);
+
+  double drift = -1, single_last = multi.last.last_loss;
+  if (o.check) {
+    MPI_Comm self = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, rank == 0 ? 0 : MPI_UNDEFINED, 0, &self);
+    if (rank == 0) {
+      const Timing single = time_runs<Comm>(self, o, 1, 0);
+      drift = 0;
+      for (std::size_t i = 0; i < single.params.size(); ++i) {
+        drift = std::max(drift, static_cast<double>(std::fabs(single.params[i] - multi.params[i])));
+      }
+      single_last = single.last.last_loss;
+      MPI_Comm_free(&self);
+    }
+    MPI_Bcast(&drift, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    MPI_Bcast(&single_last, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  }
+  const bool fell = multi.last.last_loss < multi.last.first_loss;
+  const bool agrees = std::fabs(multi.last.last_loss - single_last) <= 1e-3 * std::max(1.0, std::fabs(single_last));
+  const bool pass = fell && std::isfinite(multi.last.last_loss) && (!o.check || (drift < 1e-3 && agrees));
+  if (rank == 0) {
+    std::printf("{\"bench\": \"dpmlp_train\", \"rows\": %lld, \"hidden\": %d, \"features\": %d, \"steps\": %d, "
+                "\"ranks\": %d, \"devices\": %d, \"platform\": \"%s\", \"space\": \"%s\", \"comm\": \"%s\", "
+                "\"reduction\": \"%s\", \"gemm\": \"%s\", \"repeats\": %d, \"warmup_steps\": %d, \"times_ms\": [",
+                static_cast<long long>(o.rows), o.hidden, dpmlp::Standardizer::features(o.cols), o.steps, size,
+                devices, dpmlp::platform_name<ExecSpace>(), ExecSpace::name(), Comm::name(), o.reduction.c_str(),
+                dpmlp::linalg::backend_name(dpmlp::linalg::default_backend<ExecSpace>(o.reduction == "reproducible")),
+                o.repeats, o.warmup);
+    for (std::size_t i = 0; i < multi.ms.size(); ++i) std::printf("%s%.3f", i ? ", " : "", multi.ms[i]);
+    std::printf("], \"median_ms\": %.3f, \"prep_ms\": %.3f, \"first_loss\": %.6f, \"last_loss\": %.6f, "
+                "\"single_last_loss\": %.6f, \"max_dparam\": %.3e, \"check\": \"%s\"}\n",
+                median(multi.ms), multi.prep_ms, multi.last.first_loss, multi.last.last_loss, single_last, drift,
+                !o.check ? "skipped" : pass ? "pass" : "fail");
+    std::fflush(stdout);
+  }
+  return pass ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char* argv[]) {
+  MPI_Init(&argc, &argv);
+  dpmlp::initialize_kokkos_for_rank(MPI_COMM_WORLD);
+  int code = 0;
+  try {
+    Options o;
+    dpmlp::all_or_none(MPI_COMM_WORLD, [&] { o = parse(argc, argv); });
+    if (o.comm == "mpi") {
+      code = bench<dpmlp::MpiCommunicator>(o);
+    }
+#if defined(DPMLP_HAS_NCCL_COMMUNICATOR)
+    else if (o.comm == "nccl") {
+      code = bench<dpmlp::NcclCommunicator>(o);
+    }
+#endif
+    else {
+      throw dpmlp::InputError("--comm " + o.comm + " is not available in this build");
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_bench: error: %s\n", e.what());
+    code = 2;
+  }
+  Kokkos::finalize();
+  MPI_Finalize();
+  return code;
+}
