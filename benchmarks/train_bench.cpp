@@ -3,7 +3,7 @@
 //
 //   mpirun -np <ranks> train_bench [--rows N] [--hidden H] [--steps S] [--repeats R] [--warmup S]
 //                                  [--comm nccl|mpi] [--reduction reproducible|fast] [--block-rows B]
-//                                  [--no-check] [--allow-cpu-devices]
+//                                  [--no-check] [--graph] [--allow-cpu-devices]
 //
 // Prints one JSON line (rank 0): the configuration, every repeat's time for `steps` steps (a fresh trainer
 // each repeat, the same initial parameters; after a warm-up run), their median, and the check: the loss
@@ -29,7 +29,7 @@ struct Options {
   double rate = 0.02;
   std::string comm = dpmlp::default_communicator_t<ExecSpace>::name();
   std::string reduction = "reproducible";
-  bool check = true, allow_cpu = false;
+  bool check = true, allow_cpu = false, graph = false;
 };
 
 Options parse(int argc, char* argv[]) {
@@ -51,6 +51,7 @@ Options parse(int argc, char* argv[]) {
     else if (a == "--comm") o.comm = next();
     else if (a == "--reduction") o.reduction = next();
     else if (a == "--no-check") o.check = false;
+    else if (a == "--graph") o.graph = true;
     else if (a == "--allow-cpu-devices") o.allow_cpu = true;
     else throw dpmlp::InputError("unknown option '" + a + "'");
   }
@@ -74,6 +75,7 @@ Timing time_runs(MPI_Comm comm, const Options& o, int repeats, int warmup) {
   dpmlp::TrainerOptions topt;
   topt.reduction = o.reduction == "fast" ? dpmlp::Reduction::fast : dpmlp::Reduction::reproducible;
   topt.block_rows = o.block_rows;
+  topt.cuda_graph = o.graph;
   const dpmlp::Sgd sgd(o.rate);
   dpmlp::Mlp<float, Memory> initial({features, o.hidden, 1});
   initial.init_jax(dpmlp::random::PRNGKey(1), 0.1f);
@@ -139,11 +141,11 @@ int bench(const Options& o) {
   if (rank == 0) {
     std::printf("{\"bench\": \"dpmlp_train\", \"rows\": %lld, \"hidden\": %d, \"features\": %d, \"steps\": %d, "
                 "\"ranks\": %d, \"devices\": %d, \"platform\": \"%s\", \"space\": \"%s\", \"comm\": \"%s\", "
-                "\"reduction\": \"%s\", \"gemm\": \"%s\", \"repeats\": %d, \"warmup_steps\": %d, \"times_ms\": [",
+                "\"reduction\": \"%s\", \"gemm\": \"%s\", \"graph\": %s, \"repeats\": %d, \"warmup_steps\": %d, \"times_ms\": [",
                 static_cast<long long>(o.rows), o.hidden, dpmlp::Standardizer::features(o.cols), o.steps, size,
                 devices, dpmlp::platform_name<ExecSpace>(), ExecSpace::name(), Comm::name(), o.reduction.c_str(),
                 dpmlp::linalg::backend_name(dpmlp::linalg::default_backend<ExecSpace>(o.reduction == "reproducible")),
-                o.repeats, o.warmup);
+                o.graph ? "true" : "false", o.repeats, o.warmup);
     for (std::size_t i = 0; i < multi.ms.size(); ++i) std::printf("%s%.3f", i ? ", " : "", multi.ms[i]);
     std::printf("], \"median_ms\": %.3f, \"prep_ms\": %.3f, \"first_loss\": %.6f, \"last_loss\": %.6f, "
                 "\"single_last_loss\": %.6f, \"max_dparam\": %.3e, \"check\": \"%s\"}\n",

@@ -4,7 +4,9 @@
 //
 //   mpirun -np <gpus> multi_gpu_train [--allow-cpu-devices] [--rows N] [--hidden H] [--steps S] [--rate R]
 //                                     [--comm mpi|nccl] [--reduction reproducible|fast] [--block-rows B]
-//                                     [--warmup S] [--allow-single-cpu-device]
+//                                     [--warmup S] [--graph] [--allow-single-cpu-device]
+//
+// --graph: on CUDA with NCCL, capture one step as a CUDA graph and replay it (TrainerOptions::cuda_graph).
 //
 // Each rank draws only its own rows of the seed's data (JAX's partitionable threefry: element i depends on
 // the key and i alone), standardizes them natively, and trains data-parallel. Rank 0 then runs the same
@@ -30,7 +32,7 @@ using ExecSpace = Kokkos::DefaultExecutionSpace;
 using Memory = ExecSpace::memory_space;
 
 struct Options {
-  bool allow_cpu = false, allow_single = false;
+  bool allow_cpu = false, allow_single = false, graph = false;
   std::int64_t rows = 20000;
   int cols = 16, hidden = 32, steps = 100, warmup = 5;
   double rate = 0.02;
@@ -56,6 +58,7 @@ Options parse(int argc, char* argv[]) {
     const std::string a = argv[i];
     if (a == "--allow-cpu-devices") o.allow_cpu = true;
     else if (a == "--allow-single-cpu-device") o.allow_single = true;
+    else if (a == "--graph") o.graph = true;
     else if (a == "--rows") o.rows = integer(i);
     else if (a == "--cols") o.cols = static_cast<int>(integer(i));
     else if (a == "--hidden") o.hidden = static_cast<int>(integer(i));
@@ -101,6 +104,7 @@ RunResult run(MPI_Comm comm, const Options& o, bool timed) {
   dpmlp::TrainerOptions topt;
   topt.reduction = o.reduction == "fast" ? dpmlp::Reduction::fast : dpmlp::Reduction::reproducible;
   topt.block_rows = o.block_rows;
+  topt.cuda_graph = o.graph;
   dpmlp::DataParallelTrainer<ExecSpace, Comm> trainer(comm, model, o.rows, sgd, topt);
   ExecSpace space;
 
@@ -171,10 +175,10 @@ int main_with(const Options& o) {
                   "NOT a hardware pass.\n");
     }
     std::printf("# native prep: %s\n", ExecSpace::name());
-    std::printf("# comm: %s, reduction: %s, gemm: %s, ranks: %d\n", Comm::name(), o.reduction.c_str(),
+    std::printf("# comm: %s, reduction: %s, gemm: %s, cuda graph: %s, ranks: %d\n", Comm::name(), o.reduction.c_str(),
                 dpmlp::linalg::backend_name(
                     dpmlp::linalg::default_backend<ExecSpace>(o.reduction == "reproducible")),
-                size);
+                o.graph ? "requested" : "off", size);
     std::printf("prep %8.1f ms checksum=%.6f\n", multi.prep_ms, multi.checksum);
     std::printf("train %8.1f ms loss %.4f -> %.4f\n", multi.train_ms, first, last);
     std::printf("# train time: %d steps, steady state (first-launch costs taken by a %d-step warm-up run)\n",

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <cstdint>
 #include <optional>
@@ -21,6 +22,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "dpmlp/backend/cuda_graph.hpp"
 #include "dpmlp/comm/communicator.hpp"
 #include "dpmlp/digest.hpp"
 #include "dpmlp/errors.hpp"
@@ -40,6 +42,10 @@ struct TrainerOptions {
   // At start, rank 0's parameters are broadcast to every rank. With `false`, the ranks instead check that
   // they already hold the same parameters (by digest) and refuse to train if not.
   bool broadcast_initial_params = true;
+  // On CUDA with a stream-ordered communicator (NCCL) and an optimizer whose step does not depend on the
+  // step number (Sgd), capture one step as a CUDA graph and replay it (backend/cuda_graph.hpp). Elsewhere
+  // it is ignored.
+  bool cuda_graph = false;
 };
 
 struct TrainResult {
@@ -134,9 +140,25 @@ class DataParallelTrainer {
     agree(comm_.mpi_comm(), problem);
     if (losses_.extent(0) < static_cast<std::size_t>(steps)) {
       losses_ = Kokkos::View<Scalar*, memory_space>("dpmlp::losses", steps);
+      graph_ = backend::StepGraph<ExecSpace>();  // it wrote into the old buffer
     }
-    const Scalar inv = Scalar(1.0 / (static_cast<double>(global_rows_) * model_.outputs()));
-    for (int s = 0; s < steps; ++s) step_into(s, inv);
+    Kokkos::deep_copy(space_, loss_index_, 0);
+    int s = 0;
+    if (use_graph()) {
+      if (!graph_.ready()) {
+        // One plain step first: it warms the caches (kernel attributes, library handles, the collective)
+        // that must not be set up during a capture.
+        step();
+        ++s;
+        const std::string failure = graph_.capture(space_, [&] { step(); });
+        graph_failed_ = !failure.empty();
+        if (graph_failed_ && comm_.rank() == 0) {
+          std::fprintf(stderr, "dpmlp: CUDA graph capture failed (%s); running without graphs\n", failure.c_str());
+        }
+      }
+      for (; s < steps && graph_.ready(); ++s) graph_.launch(space_);
+    }
+    for (; s < steps; ++s) step();
     compat::fence(space_, "dpmlp::DataParallelTrainer::train");
     auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), losses_);
     for (int s = 0; s < steps; ++s) {
@@ -146,6 +168,7 @@ class DataParallelTrainer {
       }
     }
     steps_done_ += steps;
+    host_steps_enqueued_ = 0;
     TrainResult r;
     r.first_loss = host(0);
     r.last_loss = host(steps - 1);
@@ -158,21 +181,32 @@ class DataParallelTrainer {
   void set_steps_done(std::int64_t steps) { steps_done_ = steps; }
 
  // The rest is public only because CUDA's extended lambdas may not live in private member functions.
-  void step_into(int s, Scalar inv) {
+  // Whether train() replays a captured step.
+  bool use_graph() const {
+    return options_.cuda_graph && backend::StepGraph<ExecSpace>::supported && Comm::stream_ordered &&
+           !Optimizer::step_depends_on_t && !graph_failed_;
+  }
+
+  // Enqueues one step. The loss goes to losses_(loss_index_), and the index moves on, on the device, so a
+  // captured step can be replayed unchanged.
+  void step() {
+    const Scalar inv = Scalar(1.0 / (static_cast<double>(global_rows_) * model_.outputs()));
     engine_.compute(space_, x_, y_, inv);
     const auto total = reducer_.reduce(space_, engine_.partials(), comm_);
     const auto params = model_.params();
     const auto losses = losses_;
     const auto state = state_;
     const std::int64_t P = static_cast<std::int64_t>(model_.num_params());
-    const auto update = optimizer_.template step<Scalar>(steps_done_ + s + 1);
+    const auto index = loss_index_;
+    const auto update = optimizer_.template step<Scalar>(steps_done_ + 1 + host_steps_enqueued_++);
     Kokkos::parallel_for(
         "dpmlp::optimizer_update", Kokkos::RangePolicy<ExecSpace>(space_, 0, P + 1),
         KOKKOS_LAMBDA(const std::int64_t i) {
           if (i < P) {
             update(i, P, params.data(), total(i), state.data());
           } else {
-            losses(s) = total(P) * inv;
+            losses(index()) = total(P) * inv;
+            index() += 1;
           }
         });
   }
@@ -242,6 +276,11 @@ class DataParallelTrainer {
   const_matrix x_, y_;
   bool has_data_ = false;
   Kokkos::View<Scalar*, memory_space> losses_, state_;
+  Kokkos::View<int, memory_space> loss_index_{"dpmlp::loss_index"};
+  std::int64_t host_steps_enqueued_ = 0;  // steps enqueued in this train() call (for step-dependent optimizers)
+  bool graph_failed_ = false;
+  // Last: destroyed first, before the communicator whose collective it captured.
+  backend::StepGraph<ExecSpace> graph_;
 };
 
 // Single-device value and gradient of the mean squared error: grad (num_params) <- d loss / d params; returns

@@ -6,6 +6,7 @@
 //   std::size_t state_size(std::size_t num_params) const;   // its state: one contiguous buffer (checkpoints
 //                                                           // carry it), zero-initialized
 //   template <class Scalar> Step<Scalar> step(std::int64_t t) const;   // host side, before step t (1-based)
+//   static constexpr bool step_depends_on_t;   // false: step(t) is the same for all t (graph capture works)
 // and its Step<Scalar> is a small copyable functor the update kernel calls per parameter on the device:
 //   KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::int64_t num_params, Scalar* params,
 //                                          Scalar grad, Scalar* state) const;
@@ -31,6 +32,8 @@ struct Sgd {
   explicit Sgd(double rate, double momentum_ = 0.0) : learning_rate(rate), momentum(momentum_) {}
 
   static constexpr const char* name() { return "sgd"; }
+  // step(t) is the same for every t, so a captured step can be replayed (backend/cuda_graph.hpp).
+  static constexpr bool step_depends_on_t = false;
   std::size_t state_size(std::size_t num_params) const { return momentum != 0.0 ? num_params : 0; }
 
   void validate() const {
@@ -72,6 +75,7 @@ struct Adam {
   explicit Adam(double rate) : learning_rate(rate) {}
 
   static constexpr const char* name() { return "adam"; }
+  static constexpr bool step_depends_on_t = true;
   // First moments, then second moments.
   std::size_t state_size(std::size_t num_params) const { return 2 * num_params; }
 
@@ -113,6 +117,7 @@ struct is_optimizer : std::false_type {};
 template <class O>
 struct is_optimizer<O, std::void_t<decltype(O::name()), decltype(std::declval<const O&>().state_size(std::size_t(1))),
                                    decltype(std::declval<const O&>().template step<float>(std::int64_t(1))),
-                                   decltype(std::declval<const O&>().validate())>> : std::true_type {};
+                                   decltype(std::declval<const O&>().validate()),
+                                   decltype(O::step_depends_on_t)>> : std::true_type {};
 
 }  // namespace dpmlp
