@@ -5,7 +5,7 @@
 separate_arguments(MPIFLAGS)
 set(digests "")
 foreach(n 1 2 3 4)
-  set(args --allow-cpu-devices --steps 30 --warmup 0)
+  set(args --allow-cpu-devices --comm mpi --steps 30 --warmup 0)
   if(n EQUAL 1)
     list(APPEND args --allow-single-cpu-device)
   endif()
