@@ -154,6 +154,8 @@ class BlockEngine {
     }
     delta_[0] = matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::delta0"), rows, widest);
     delta_[1] = matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::delta1"), rows, widest);
+    row_scratch_ = Kokkos::View<Scalar*, memory_space>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::rows"),
+                                                       rows);
   }
 
   std::int64_t width() const { return width_; }
@@ -196,19 +198,25 @@ class BlockEngine {
     const auto pred = acts_.back();
     const matrix delta = delta_[(L - 1) % 2];
     const matrix part = partials_;
-    // Residuals, the output delta (scale * 2 r: the gradient of scale * r^2), and per block the sum of r^2
-    // in row order.
+    // Residuals and the output delta (scale * 2 r: the gradient of scale * r^2), one thread a row; then,
+    // per block, the sum of r^2 in row order. Two kernels, so the summing loop only reads and its loads can
+    // be in flight together (a store in the loop would serialize them on a GPU).
+    const auto sq = row_scratch_;
     Kokkos::parallel_for(
-        "dpmlp::residual", Kokkos::RangePolicy<ExecSpace>(space, 0, blocks_), KOKKOS_LAMBDA(const std::int64_t b) {
+        "dpmlp::residual", Kokkos::RangePolicy<ExecSpace>(space, 0, rows), KOKKOS_LAMBDA(const std::int64_t r) {
+          Scalar sum = Scalar(0);
+          for (int j = 0; j < n_out; ++j) {
+            const Scalar res = pred(r, j) - y(r, j);
+            sum += res * res;
+            delta(r, j) = Scalar(2) * scale * res;
+          }
+          sq(r) = sum;
+        });
+    Kokkos::parallel_for(
+        "dpmlp::loss_blocks", Kokkos::RangePolicy<ExecSpace>(space, 0, blocks_), KOKKOS_LAMBDA(const std::int64_t b) {
           Scalar sum = Scalar(0);
           const std::int64_t end = (b + 1) * block < rows ? (b + 1) * block : rows;
-          for (std::int64_t r = b * block; r < end; ++r) {
-            for (int j = 0; j < n_out; ++j) {
-              const Scalar res = pred(r, j) - y(r, j);
-              sum += res * res;
-              delta(r, j) = Scalar(2) * scale * res;
-            }
-          }
+          for (std::int64_t r = b * block; r < end; ++r) sum += sq(r);
           part(b, W - 1) = sum;
         });
     for (int l = L - 1; l >= 0; --l) {
@@ -318,6 +326,7 @@ class BlockEngine {
   matrix partials_;
   std::vector<matrix> acts_;
   matrix delta_[2];
+  Kokkos::View<Scalar*, memory_space> row_scratch_;
 };
 
 }  // namespace detail

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Stages what a GPU-machine run needs into .carry/ (git-ignored), for the `device` tool's `carry`:
+#   .carry/build-cuda   the CUDA build's executables and CTest files (stripped), at /tmp/build-cuda there
+#   .carry/build-port   optional: a build with cuBLAS and NCCL off (the portable path)
+#   .carry/reference    ../shared/reference (the tests read it from /work/shared/reference)
+#   .carry/anchors      ../shared/anchors (jax_ref.py, ddp_ref.py)
+# Usage: scripts/gpu/prepare_carry.sh <cuda build dir> [<portable build dir>]
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$root"
+rm -rf .carry && mkdir -p .carry
+stage() {  # stage <build dir> <name>
+  local src="$1" dst=".carry/$2"
+  mkdir -p "$dst"
+  (cd "$src" && find . \( -name CTestTestfile.cmake -o -name CMakeCache.txt \) -print0 | xargs -0 -I{} cp --parents {} "$root/$dst/")
+  for exe in $(cd "$src" && find examples tests benchmarks -maxdepth 1 -type f -executable 2>/dev/null); do
+    mkdir -p "$dst/$(dirname "$exe")"
+    strip -o "$dst/$exe" "$src/$exe"
+  done
+}
+stage "$1" build-cuda
+if [ $# -ge 2 ]; then stage "$2" build-port; fi
+cp -r ../shared/reference .carry/reference
+cp -r ../shared/anchors .carry/anchors
+du -sh .carry/*

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Hardware validation on the 2xH200 machine, with binaries built elsewhere (scripts/gpu/prepare_carry.sh).
+# Runs from the repository root there; writes logs under $OUT. Every step has a time limit; a failing
+# step is recorded and the script goes on.
+#   scripts/gpu/validate_h200.sh [steps...]   steps: info example refuse ctest sanitize portable (default all)
+set -uo pipefail
+root="$(pwd)"
+OUT="${OUT:-$root/out}"
+mkdir -p "$OUT" /work/shared
+export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# The CTest files name the build and source folders of the build machine.
+rm -rf /tmp/build-cuda /tmp/build-port
+cp -r .carry/build-cuda /tmp/build-cuda
+[ -d .carry/build-port ] && cp -r .carry/build-port /tmp/build-port
+ln -sfn "$root" /tmp/dpmlp-snap
+[ -e /work/main ] || ln -sfn "$root" /work/main
+rm -rf /work/shared/reference && cp -r .carry/reference /work/shared/reference
+steps="${*:-info example refuse ctest sanitize portable}"
+B=/tmp/build-cuda
+run() {  # run <label> <timeout s> <command...>: echo the exact command, its output and exit code
+  local label="$1" limit="$2"; shift 2
+  echo
+  echo "### $label"
+  echo "\$ $*"
+  timeout "$limit" "$@" 2>&1
+  local rc=$?
+  echo "[exit code $rc]"
+}
+for step in $steps; do
+  case "$step" in
+    info)
+      run "date" 10 date -u
+      run "GPUs" 20 nvidia-smi --query-gpu=name,driver_version,memory.total,pci.bus_id,uuid --format=csv
+      run "topology" 20 nvidia-smi topo -m
+      run "CUDA" 10 nvcc --version
+      run "OpenMPI" 10 mpirun --version
+      run "NCCL" 10 bash -c "grep -E '#define NCCL_(MAJOR|MINOR|PATCH) ' /usr/include/nccl.h"
+      run "Kokkos (from the build)" 10 grep -E "^Kokkos_DIR|^CMAKE_CXX_COMPILER:" $B/CMakeCache.txt
+      ;;
+    example)
+      run "multi_gpu_train, 2 GPUs, NCCL (default)" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE $B/examples/multi_gpu_train
+      run "multi_gpu_train, 2 GPUs, NCCL, CUDA graph" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE $B/examples/multi_gpu_train --graph
+      run "multi_gpu_train, 2 GPUs, MPI communicator" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE $B/examples/multi_gpu_train --comm mpi
+      run "multi_gpu_train, 2 GPUs, fast reduction (cuBLAS)" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE $B/examples/multi_gpu_train --reduction fast
+      ;;
+    refuse)
+      run "multi_gpu_train with one visible GPU (expect the refusal, exit 77)" 120 \
+        mpirun -np 2 -x CUDA_VISIBLE_DEVICES=0 -x NCCL_NVLS_ENABLE $B/examples/multi_gpu_train
+      ;;
+    ctest)
+      run "ctest, CUDA build (consumer projects excluded: they re-run CMake against the build machine's paths)" 580 \
+        bash -c "cd $B && ctest --output-on-failure -LE consumer --timeout 240"
+      ;;
+    sanitize)
+      for tool in memcheck racecheck; do
+        run "compute-sanitizer $tool: multi_gpu_train (10 steps)" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE \
+          compute-sanitizer --tool $tool --error-exitcode 9 $B/examples/multi_gpu_train --steps 10 --warmup 1
+        run "compute-sanitizer $tool: test_trainer_mpi" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE \
+          compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/test_trainer_mpi
+        run "compute-sanitizer $tool: test_comm_mpi" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE \
+          compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/test_comm_mpi
+      done
+      ;;
+    portable)
+      if [ -d /tmp/build-port ]; then
+        P=/tmp/build-port
+        run "portable path (cuBLAS and NCCL off): build configuration" 10 grep -E "DPMLP_ENABLE_(CUBLAS|NCCL)" $P/CMakeCache.txt
+        run "portable path: multi_gpu_train, 2 GPUs" 300 mpirun -np 2 $P/examples/multi_gpu_train
+        run "portable path: test_trainer_mpi, 2 ranks" 300 mpirun -np 2 $P/tests/test_trainer_mpi
+        run "portable path: test_comm_mpi, 2 ranks" 300 mpirun -np 2 $P/tests/test_comm_mpi
+      fi
+      ;;
+  esac
+done
