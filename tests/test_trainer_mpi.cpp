@@ -80,7 +80,7 @@ TEST_CASE("every rank ends with the same parameters", "[trainer]") {
   const std::uint64_t mine = dpmlp::fnv1a64(t.params.data(), t.params.size() * sizeof(float));
   std::uint64_t root = mine;
   MPI_Bcast(&root, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-  CHECK(all(mine == root));
+  CHECK(dpmlp_test::all(mine == root));
 }
 
 TEST_CASE("the trainer keeps the shard layout and the communicator it was given", "[trainer]") {
