@@ -216,7 +216,15 @@ class BlockEngine {
         "dpmlp::loss_blocks", Kokkos::RangePolicy<ExecSpace>(space, 0, blocks_), KOKKOS_LAMBDA(const std::int64_t b) {
           Scalar sum = Scalar(0);
           const std::int64_t end = (b + 1) * block < rows ? (b + 1) * block : rows;
-          for (std::int64_t r = b * block; r < end; ++r) sum += sq(r);
+          std::int64_t r = b * block;
+          for (; r + 4 <= end; r += 4) {  // loads in flight together; the order of the sum is unchanged
+            const Scalar s0 = sq(r), s1 = sq(r + 1), s2 = sq(r + 2), s3 = sq(r + 3);
+            sum += s0;
+            sum += s1;
+            sum += s2;
+            sum += s3;
+          }
+          for (; r < end; ++r) sum += sq(r);
           part(b, W - 1) = sum;
         });
     for (int l = L - 1; l >= 0; --l) {
@@ -235,7 +243,15 @@ class BlockEngine {
             const int j = static_cast<int>(idx % n_o);
             const std::int64_t end = (b + 1) * block < rows ? (b + 1) * block : rows;
             Scalar sum = Scalar(0);
-            for (std::int64_t r = b * block; r < end; ++r) sum += d(r, j);
+            std::int64_t r = b * block;
+            for (; r + 4 <= end; r += 4) {  // loads in flight together; the order of the sum is unchanged
+              const Scalar d0 = d(r, j), d1 = d(r + 1, j), d2 = d(r + 2, j), d3 = d(r + 3, j);
+              sum += d0;
+              sum += d1;
+              sum += d2;
+              sum += d3;
+            }
+            for (; r < end; ++r) sum += d(r, j);
             part(b, boff + j) = sum;
           });
       if (l == 0) break;

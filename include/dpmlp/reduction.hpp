@@ -234,33 +234,45 @@ class BlockTreeReducer {
   // Sums each local subtree in the canonical shape, in place, then stages the subtree sums in send_ (unused
   // slots zero). Fast mode sums all local blocks into slot 0.
   void reduce_local(const ExecSpace& space, const matrix& partials) const {
+    using policy = Kokkos::TeamPolicy<ExecSpace>;
+    using member = typename policy::member_type;
     const auto P = partials;
     const auto send = send_;
     const auto lo_v = node_lo_;
     const auto level_v = node_level_;
     const std::int64_t local_blocks = plan_.shard().local_blocks();
-    const int nodes = static_cast<int>(plan_.local_nodes().size());
-    const int slots = static_cast<int>(send_.extent(0));
     const bool fast = mode_ == Reduction::fast;
+    // Fast mode sums all local blocks as one pairwise tree into slot 0.
+    const int nodes = fast ? (local_blocks > 0 ? 1 : 0) : static_cast<int>(plan_.local_nodes().size());
+    const int slots = static_cast<int>(send_.extent(0));
+    const std::int64_t W = width_;
+    constexpr int chunk = 32;  // columns a team owns: a warp's worth of consecutive addresses
+    // One team per chunk of columns. At each tree level the team's threads share the level's pair sums,
+    // then meet at a barrier: the sums are those of the canonical tree whatever the team size, and a level
+    // of thousands of blocks runs in parallel instead of as one thread's chain of dependent loads.
     Kokkos::parallel_for(
-        "dpmlp::tree_reduce_local", Kokkos::RangePolicy<ExecSpace>(space, 0, width_),
-        KOKKOS_LAMBDA(const std::int64_t p) {
-          for (int s = 0; s < slots; ++s) send(s, p) = Scalar(0);
-          if (fast) {
-            Scalar acc = Scalar(0);
-            for (std::int64_t b = 0; b < local_blocks; ++b) acc += P(b, p);
-            send(0, p) = acc;
-            return;
-          }
+        "dpmlp::tree_reduce_local", policy(space, static_cast<int>((W + chunk - 1) / chunk), Kokkos::AUTO),
+        KOKKOS_LAMBDA(const member& team) {
+          const std::int64_t c0 = std::int64_t(team.league_rank()) * chunk;
+          const int cw = W - c0 < chunk ? static_cast<int>(W - c0) : chunk;
+          const int T = team.team_size(), me = team.team_rank();
           for (int i = 0; i < nodes; ++i) {
-            const std::int64_t lo = lo_v(i);
-            const std::int64_t hi = lo + (std::int64_t(1) << level_v(i)) < local_blocks
-                                        ? lo + (std::int64_t(1) << level_v(i))
-                                        : local_blocks;
+            const std::int64_t lo = fast ? 0 : lo_v(i);
+            const std::int64_t span = fast ? local_blocks : (std::int64_t(1) << level_v(i));
+            const std::int64_t hi = lo + span < local_blocks ? lo + span : local_blocks;
             for (std::int64_t stride = 1; lo + stride < hi; stride *= 2) {
-              for (std::int64_t g = lo; g + stride < hi; g += 2 * stride) P(g, p) += P(g + stride, p);
+              const std::int64_t pairs = (hi - lo - stride + 2 * stride - 1) / (2 * stride);
+              for (std::int64_t w = me; w < pairs * cw; w += T) {
+                const std::int64_t g = lo + 2 * stride * (w / cw);
+                const std::int64_t c = c0 + w % cw;
+                P(g, c) += P(g + stride, c);
+              }
+              team.team_barrier();
             }
-            send(i, p) = P(lo, p);
+            for (int x = me; x < cw; x += T) send(i, c0 + x) = P(lo, c0 + x);
+          }
+          for (int s = nodes; s < slots; ++s) {
+            for (int x = me; x < cw; x += T) send(s, c0 + x) = Scalar(0);
           }
         });
   }

@@ -110,14 +110,23 @@ void gemm_portable(const ExecSpace& space, const BatchedGemm<Scalar>& g) {
       KOKKOS_LAMBDA(const std::int64_t idx) {
         const std::int64_t bi = idx / per;
         const int i = static_cast<int>((idx % per) / G.n), j = static_cast<int>(idx % G.n);
-        const Scalar* A = G.a + bi * G.stride_a;
-        const Scalar* B = G.b + bi * G.stride_b;
+        // Element i of op(A)'s row and element j of op(B)'s column, as a base and a step along k.
+        const Scalar* A = G.a + bi * G.stride_a + (G.op_a == Op::N ? std::int64_t(i) * G.lda : i);
+        const Scalar* B = G.b + bi * G.stride_b + (G.op_b == Op::N ? j : std::int64_t(j) * G.ldb);
+        const std::int64_t sa = G.op_a == Op::N ? 1 : G.lda, sb = G.op_b == Op::N ? G.ldb : 1;
+        // Four loads in flight before their use (a GPU thread does not reorder loads); the sum is still
+        // acc + a0 b0 + a1 b1 + ... in increasing k, so the bits are those of the plain loop.
         Scalar acc = Scalar(0);
-        for (int p = 0; p < G.k; ++p) {
-          const Scalar av = G.op_a == Op::N ? A[std::int64_t(i) * G.lda + p] : A[std::int64_t(p) * G.lda + i];
-          const Scalar bv = G.op_b == Op::N ? B[std::int64_t(p) * G.ldb + j] : B[std::int64_t(j) * G.ldb + p];
-          acc += av * bv;
+        int p = 0;
+        for (; p + 4 <= G.k; p += 4) {
+          const Scalar a0 = A[p * sa], a1 = A[(p + 1) * sa], a2 = A[(p + 2) * sa], a3 = A[(p + 3) * sa];
+          const Scalar b0 = B[p * sb], b1 = B[(p + 1) * sb], b2 = B[(p + 2) * sb], b3 = B[(p + 3) * sb];
+          acc += a0 * b0;
+          acc += a1 * b1;
+          acc += a2 * b2;
+          acc += a3 * b3;
         }
+        for (; p < G.k; ++p) acc += A[p * sa] * B[p * sb];
         Scalar* C = G.c + bi * G.stride_c + std::int64_t(i) * G.ldc + j;
         *C = G.beta == Scalar(0) ? G.alpha * acc : G.alpha * acc + G.beta * *C;
       });
