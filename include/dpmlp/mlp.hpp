@@ -50,6 +50,41 @@ KOKKOS_INLINE_FUNCTION Scalar activate_grad_from_output(Activation a, Scalar y) 
 }
 }  // namespace detail
 
+// A small copyable view of a model for inference inside a user's kernels, on any execution space that can
+// read the model's memory: `eval(inputs, outputs)` for one row, where inputs and outputs are anything
+// indexable with (i): rank-1 Views or subviews, or a plain pointer wrapped in an unmanaged View. It keeps
+// two rows of activations on the stack, so the widest layer may have at most MaxWidth units (checked when
+// the evaluator is made) and there may be at most MaxLayers layers.
+template <class Scalar, int MaxWidth = 256, int MaxLayers = 8>
+struct Evaluator {
+  const Scalar* params = nullptr;
+  int layers = 0;
+  int widths[MaxLayers + 1] = {};
+  Activation activation = Activation::relu;
+
+  template <class In, class Out>
+  KOKKOS_INLINE_FUNCTION void operator()(const In& in, const Out& out) const {
+    Scalar buf[2][MaxWidth];
+    for (int i = 0; i < widths[0]; ++i) buf[0][i] = static_cast<Scalar>(in(i));
+    const Scalar* w = params;
+    int cur = 0;
+    for (int l = 0; l < layers; ++l) {
+      const int n_in = widths[l], n_out = widths[l + 1];
+      const Scalar* b = w + n_in * n_out;
+      const bool last = l + 1 == layers;
+      for (int j = 0; j < n_out; ++j) {
+        Scalar z = Scalar(0);
+        for (int i = 0; i < n_in; ++i) z += buf[cur][i] * w[i * n_out + j];
+        z = z + b[j];
+        buf[1 - cur][j] = last ? z : detail::activate(activation, z);
+      }
+      w = b + n_out;
+      cur = 1 - cur;
+    }
+    for (int j = 0; j < widths[layers]; ++j) out(j) = buf[cur][j];
+  }
+};
+
 template <class Scalar = float, class MemorySpace = Kokkos::DefaultExecutionSpace::memory_space>
 class Mlp {
   static_assert(std::is_floating_point<Scalar>::value, "dpmlp::Mlp: Scalar must be float or double");
@@ -96,6 +131,28 @@ class Mlp {
     return matrix_type(params_.data() + weight_offset(l), widths_[l], widths_[l + 1]);
   }
   vector_type bias(int l) const { return vector_type(params_.data() + bias_offset(l), widths_[l + 1]); }
+
+  // Device-callable inference for one row (see Evaluator). It reads the parameters in place: it sees
+  // training's updates, and must not outlive the model's parameter buffer.
+  template <int MaxWidth = 256, int MaxLayers = 8>
+  Evaluator<Scalar, MaxWidth, MaxLayers> evaluator() const {
+    Evaluator<Scalar, MaxWidth, MaxLayers> e;
+    if (layers() > MaxLayers) {
+      throw InputError("dpmlp::Mlp::evaluator: " + std::to_string(layers()) + " layers, at most " +
+                       std::to_string(MaxLayers) + " (raise MaxLayers)");
+    }
+    for (int w : widths_) {
+      if (w > MaxWidth) {
+        throw InputError("dpmlp::Mlp::evaluator: a layer of " + std::to_string(w) + " units, at most " +
+                         std::to_string(MaxWidth) + " (raise MaxWidth)");
+      }
+    }
+    e.params = params_.data();
+    e.layers = layers();
+    for (int i = 0; i <= layers(); ++i) e.widths[i] = widths_[i];
+    e.activation = activation_;
+    return e;
+  }
 
   Mlp clone() const {
     Mlp copy(widths_, activation_);
