@@ -53,6 +53,70 @@ struct TrainResult {
   int steps = 0;
 };
 
+// What callbacks are told (callbacks.hpp).
+struct TrainInfo {
+  int steps;                 // steps asked for in this train() call
+  std::int64_t steps_before;  // steps taken before it
+  int rank, size;
+};
+struct StepInfo {
+  std::int64_t step;  // steps taken so far, over all train() calls
+  int step_in_run;    // 1-based within this train() call
+  double loss;        // this step's loss (the mean over all ranks' rows)
+  double step_ms;     // wall time of the step, including the loss read
+};
+
+namespace detail {
+// Optional hooks, ensmallen-style: a callback has any subset of them.
+template <class C, class = void>
+struct has_begin : std::false_type {};
+template <class C>
+struct has_begin<C, std::void_t<decltype(std::declval<C&>().begin_training(std::declval<const TrainInfo&>()))>>
+    : std::true_type {};
+template <class C, class = void>
+struct has_end_step : std::false_type {};
+template <class C>
+struct has_end_step<C, std::void_t<decltype(std::declval<C&>().end_step(std::declval<const StepInfo&>()))>>
+    : std::true_type {};
+template <class C, class = void>
+struct has_end : std::false_type {};
+template <class C>
+struct has_end<C, std::void_t<decltype(std::declval<C&>().end_training(std::declval<const TrainResult&>()))>>
+    : std::true_type {};
+
+template <class... C>
+void call_begin(const TrainInfo& info, C&... cbs) {
+  auto one = [&](auto& cb) {
+    if constexpr (has_begin<std::decay_t<decltype(cb)>>::value) cb.begin_training(info);
+  };
+  (one(cbs), ...);
+}
+// True when any callback asks to stop. Every callback is called, even after one asked.
+template <class... C>
+bool call_end_step(const StepInfo& info, C&... cbs) {
+  bool stop = false;
+  auto one = [&](auto& cb) {
+    if constexpr (has_end_step<std::decay_t<decltype(cb)>>::value) {
+      using R = decltype(cb.end_step(info));
+      if constexpr (std::is_same<R, void>::value) {
+        cb.end_step(info);
+      } else {
+        stop = static_cast<bool>(cb.end_step(info)) || stop;
+      }
+    }
+  };
+  (one(cbs), ...);
+  return stop;
+}
+template <class... C>
+void call_end(const TrainResult& r, C&... cbs) {
+  auto one = [&](auto& cb) {
+    if constexpr (has_end<std::decay_t<decltype(cb)>>::value) cb.end_training(r);
+  };
+  (one(cbs), ...);
+}
+}  // namespace detail
+
 template <class ExecSpace, class Comm = default_communicator_t<ExecSpace>, class Optimizer = Sgd, class Scalar = float>
 class DataParallelTrainer {
   static_assert(Kokkos::is_execution_space<ExecSpace>::value,
@@ -134,15 +198,7 @@ class DataParallelTrainer {
   // the loop are those of a host-synchronous communicator (MPI with device data staged through the host).
   // Non-finite losses are checked once, at the end of the run, and reported with the first bad step.
   TrainResult train(int steps) {
-    std::string problem;
-    if (steps <= 0) problem = "dpmlp::DataParallelTrainer::train: steps must be positive, got " + std::to_string(steps);
-    if (problem.empty() && !has_data_) problem = "dpmlp::DataParallelTrainer::train: set_data() first";
-    agree(comm_.mpi_comm(), problem);
-    if (losses_.extent(0) < static_cast<std::size_t>(steps)) {
-      losses_ = Kokkos::View<Scalar*, memory_space>("dpmlp::losses", steps);
-      graph_ = backend::StepGraph<ExecSpace>();  // it wrote into the old buffer
-    }
-    Kokkos::deep_copy(space_, loss_index_, 0);
+    begin_run(steps);
     int s = 0;
     if (use_graph()) {
       if (!graph_.ready()) {
@@ -159,20 +215,34 @@ class DataParallelTrainer {
       for (; s < steps && graph_.ready(); ++s) graph_.launch(space_);
     }
     for (; s < steps; ++s) step();
-    compat::fence(space_, "dpmlp::DataParallelTrainer::train");
-    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), losses_);
-    for (int s = 0; s < steps; ++s) {
-      if (!std::isfinite(static_cast<double>(host(s)))) {
-        throw TrainingError("dpmlp: the loss is not finite (" + std::to_string(host(s)) + ") at step " +
-                            std::to_string(steps_done_ + s + 1) + " of this run; training stopped");
-      }
+    return end_run(steps);
+  }
+
+  // Runs up to `steps` steps with callbacks (callbacks.hpp: any objects with some of the optional hooks
+  // begin_training(const TrainInfo&), end_step(const StepInfo&) -> bool, end_training(const TrainResult&)).
+  // Each step's loss is read on the host after the step, so this adds one host synchronization per step;
+  // an end_step returning true stops training after that step (every rank sees the same loss, so every
+  // rank stops at the same step).
+  template <class Callback, class... More>
+  TrainResult train(int steps, Callback&& callback, More&&... more) {
+    begin_run(steps);
+    TrainInfo info{steps, steps_done_, comm_.rank(), comm_.size()};
+    detail::call_begin(info, callback, more...);
+    int done = 0;
+    bool stop = false;
+    while (done < steps && !stop) {
+      const auto t0 = std::chrono::steady_clock::now();
+      step();
+      Scalar loss = 0;
+      Kokkos::deep_copy(space_, loss, Kokkos::subview(losses_, done));
+      compat::fence(space_, "dpmlp::DataParallelTrainer::train (callbacks)");
+      ++done;
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      const StepInfo si{steps_done_ + done, done, static_cast<double>(loss), ms};
+      stop = detail::call_end_step(si, callback, more...);
     }
-    steps_done_ += steps;
-    host_steps_enqueued_ = 0;
-    TrainResult r;
-    r.first_loss = host(0);
-    r.last_loss = host(steps - 1);
-    r.steps = steps;
+    const TrainResult r = end_run(done);
+    detail::call_end(r, callback, more...);
     return r;
   }
 
@@ -181,6 +251,39 @@ class DataParallelTrainer {
   void set_steps_done(std::int64_t steps) { steps_done_ = steps; }
 
  // The rest is public only because CUDA's extended lambdas may not live in private member functions.
+  void begin_run(int steps) {
+    std::string problem;
+    if (steps <= 0) problem = "dpmlp::DataParallelTrainer::train: steps must be positive, got " + std::to_string(steps);
+    if (problem.empty() && !has_data_) problem = "dpmlp::DataParallelTrainer::train: set_data() first";
+    agree(comm_.mpi_comm(), problem);
+    if (losses_.extent(0) < static_cast<std::size_t>(steps)) {
+      losses_ = Kokkos::View<Scalar*, memory_space>("dpmlp::losses", steps);
+      graph_ = backend::StepGraph<ExecSpace>();  // it wrote into the old buffer
+    }
+    host_steps_enqueued_ = 0;
+    Kokkos::deep_copy(space_, loss_index_, 0);
+  }
+
+  // Waits for the run, counts its steps, and checks its losses (the one divergence check: once a run).
+  TrainResult end_run(int steps) {
+    compat::fence(space_, "dpmlp::DataParallelTrainer::train");
+    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), losses_);
+    host_steps_enqueued_ = 0;
+    // A diverged run is not counted in steps_done(): it is a failed run, not progress.
+    for (int s = 0; s < steps; ++s) {
+      if (!std::isfinite(static_cast<double>(host(s)))) {
+        throw TrainingError("dpmlp: the loss is not finite (" + std::to_string(host(s)) + ") at step " +
+                            std::to_string(steps_done_ + s + 1) + " of this run; training stopped");
+      }
+    }
+    steps_done_ += steps;
+    TrainResult r;
+    r.first_loss = host(0);
+    r.last_loss = host(steps - 1);
+    r.steps = steps;
+    return r;
+  }
+
   // Whether train() replays a captured step.
   bool use_graph() const {
     return options_.cuda_graph && backend::StepGraph<ExecSpace>::supported && Comm::stream_ordered &&
