@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+# The GPU benchmark driver: dpmlp (train_bench) and the two anchors (JAX, PyTorch DDP) in one machine
+# session, so every ratio comes from one run. Run from the repository root on the 2xH200 machine, with the
+# CUDA build at $B (default /tmp/build-cuda) and the anchors in .carry/anchors. Writes under $OUT:
+#   dpmlp.jsonl (one line per train_bench run), jax_ref.json, ddp_ref.json, and their logs.
+# Then: python3 benchmarks/assemble_h200.py $OUT benchmarks/results/h200x2-<date>.json
+set -uo pipefail
+OUT="${OUT:-$PWD/out}"
+B="${B:-/tmp/build-cuda}"
+ANCHORS="${ANCHORS:-.carry/anchors}"
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
+bench() {  # bench <ranks> <limit s> <args...>
+  local np="$1" limit="$2"; shift 2
+  echo "\$ mpirun -np $np train_bench $*" | tee -a "$OUT/dpmlp.log"
+  timeout "$limit" mpirun -np "$np" -x NCCL_NVLS_ENABLE "$B/benchmarks/train_bench" "$@" 2>>"$OUT/dpmlp.log" \
+    | tee -a "$OUT/dpmlp.jsonl"
+}
+date -u | tee "$OUT/date.txt"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpus.txt"
+for np in 2 1; do
+  bench $np 120 --rows 20000 --hidden 32 --graph
+  bench $np 120 --rows 20000 --hidden 32
+  bench $np 120 --rows 20000 --hidden 32 --reduction fast --graph
+  bench $np 120 --rows 1048576 --hidden 32 --graph
+  bench $np 120 --rows 1048576 --hidden 32 --reduction fast --graph
+  bench $np 150 --rows 1048576 --hidden 256 --reduction fast --repeats 3
+  bench $np 150 --rows 1048576 --hidden 256 --repeats 3
+  bench $np 200 --rows 4194304 --hidden 256 --reduction fast --repeats 3
+done
+bench 2 200 --rows 4194304 --hidden 256 --repeats 3
+(cd "$OUT" && OUT="$OUT" timeout 300 python3 "$OLDPWD/$ANCHORS/jax_ref.py" > "$OUT/jax_ref.log" 2>&1; echo "jax_ref exit $?")
+tail -6 "$OUT/jax_ref.log"
+(cd "$OUT" && OUT="$OUT" timeout 300 torchrun --nproc_per_node=2 "$OLDPWD/$ANCHORS/ddp_ref.py" > "$OUT/ddp_ref.log" 2>&1; echo "ddp_ref exit $?")
+tail -8 "$OUT/ddp_ref.log"
