@@ -192,6 +192,7 @@ class DataParallelTrainer {
     x_ = x;
     y_ = y;
     has_data_ = true;
+    graph_ = backend::StepGraph<ExecSpace>();  // a captured step reads the old Views' pointers
   }
 
   // Runs `steps` SGD steps. The losses stay on the device until the run ends; the only host waits inside
@@ -255,6 +256,14 @@ class DataParallelTrainer {
     std::string problem;
     if (steps <= 0) problem = "dpmlp::DataParallelTrainer::train: steps must be positive, got " + std::to_string(steps);
     if (problem.empty() && !has_data_) problem = "dpmlp::DataParallelTrainer::train: set_data() first";
+    // Every rank must take the same number of steps, or the collectives would not pair up.
+    long long range[2] = {steps, -static_cast<long long>(steps)};
+    detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_LONG_LONG, MPI_MIN, comm_.mpi_comm()),
+                      "MPI_Allreduce");
+    if (problem.empty() && range[0] != -range[1]) {
+      problem = "dpmlp::DataParallelTrainer::train: the ranks asked for different step counts (" +
+                std::to_string(range[0]) + " to " + std::to_string(-range[1]) + ")";
+    }
     agree(comm_.mpi_comm(), problem);
     if (losses_.extent(0) < static_cast<std::size_t>(steps)) {
       losses_ = Kokkos::View<Scalar*, memory_space>("dpmlp::losses", steps);
@@ -273,7 +282,8 @@ class DataParallelTrainer {
     for (int s = 0; s < steps; ++s) {
       if (!std::isfinite(static_cast<double>(host(s)))) {
         throw TrainingError("dpmlp: the loss is not finite (" + std::to_string(host(s)) + ") at step " +
-                            std::to_string(steps_done_ + s + 1) + " of this run; training stopped");
+                            std::to_string(steps_done_ + s + 1) + " (step " + std::to_string(s + 1) +
+                            " of this train() call); training stopped");
       }
     }
     steps_done_ += steps;

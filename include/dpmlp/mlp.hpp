@@ -274,12 +274,10 @@ class BlockEngine {
           Scalar sum = Scalar(0);
           const std::int64_t end = (b + 1) * block < rows ? (b + 1) * block : rows;
           std::int64_t r = b * block;
-          for (; r + 4 <= end; r += 4) {  // loads in flight together; the order of the sum is unchanged
-            const Scalar s0 = sq(r), s1 = sq(r + 1), s2 = sq(r + 2), s3 = sq(r + 3);
-            sum += s0;
-            sum += s1;
-            sum += s2;
-            sum += s3;
+          for (; r + 8 <= end; r += 8) {  // loads in flight together; the order of the sum is unchanged
+            Scalar v[8];
+            for (int u = 0; u < 8; ++u) v[u] = sq(r + u);
+            for (int u = 0; u < 8; ++u) sum += v[u];
           }
           for (; r < end; ++r) sum += sq(r);
           part(b, W - 1) = sum;
@@ -301,12 +299,10 @@ class BlockEngine {
             const std::int64_t end = (b + 1) * block < rows ? (b + 1) * block : rows;
             Scalar sum = Scalar(0);
             std::int64_t r = b * block;
-            for (; r + 4 <= end; r += 4) {  // loads in flight together; the order of the sum is unchanged
-              const Scalar d0 = d(r, j), d1 = d(r + 1, j), d2 = d(r + 2, j), d3 = d(r + 3, j);
-              sum += d0;
-              sum += d1;
-              sum += d2;
-              sum += d3;
+            for (; r + 8 <= end; r += 8) {  // loads in flight together; the order of the sum is unchanged
+              Scalar v[8];
+              for (int u = 0; u < 8; ++u) v[u] = d(r + u, j);
+              for (int u = 0; u < 8; ++u) sum += v[u];
             }
             for (; r < end; ++r) sum += d(r, j);
             part(b, boff + j) = sum;

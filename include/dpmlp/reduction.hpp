@@ -29,10 +29,11 @@ enum class Reduction { reproducible, fast };
 
 inline const char* reduction_name(Reduction r) { return r == Reduction::reproducible ? "reproducible" : "fast"; }
 
-// Rows per block when the caller does not choose: 256, doubled until there are at most 4096 blocks, so the
-// per-block partial sums stay small at millions of rows. A function of the global row count only.
+// Rows per block when the caller does not choose: 64, doubled until there are at most 4096 blocks, so the
+// per-block partial sums stay small at millions of rows. A function of the global row count only. Short
+// blocks keep each block's in-order sums short: on a GPU those sums are chains of dependent loads.
 inline std::int64_t default_block_rows(std::int64_t global_rows) {
-  std::int64_t block = 256;
+  std::int64_t block = 64;
   while ((global_rows + block - 1) / block > 4096) block *= 2;
   return block;
 }

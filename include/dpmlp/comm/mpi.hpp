@@ -150,7 +150,12 @@ class MpiCommunicator {
   template <class View>
   static bool direct(const View&) {
     using Mem = typename View::memory_space;
-    return Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible || mpi_is_cuda_aware();
+    if (Kokkos::SpaceAccessibility<Kokkos::HostSpace, Mem>::accessible) return true;
+#if defined(KOKKOS_ENABLE_CUDA)
+    // CUDA-awareness says nothing about other devices' memory (a HIP build may link a CUDA-aware MPI).
+    if (std::is_same<typename Mem::execution_space, Kokkos::Cuda>::value) return mpi_is_cuda_aware();
+#endif
+    return false;
   }
 
   // Runs f on a host-visible pointer to data: the View itself where MPI can read it, else a mirror that is

@@ -114,17 +114,15 @@ void gemm_portable(const ExecSpace& space, const BatchedGemm<Scalar>& g) {
         const Scalar* A = G.a + bi * G.stride_a + (G.op_a == Op::N ? std::int64_t(i) * G.lda : i);
         const Scalar* B = G.b + bi * G.stride_b + (G.op_b == Op::N ? j : std::int64_t(j) * G.ldb);
         const std::int64_t sa = G.op_a == Op::N ? 1 : G.lda, sb = G.op_b == Op::N ? G.ldb : 1;
-        // Four loads in flight before their use (a GPU thread does not reorder loads); the sum is still
-        // acc + a0 b0 + a1 b1 + ... in increasing k, so the bits are those of the plain loop.
+        // Eight loads of each operand in flight before their use (a GPU thread does not reorder loads); the
+        // sum is still acc + a0 b0 + a1 b1 + ... in increasing k, so the bits are those of the plain loop.
         Scalar acc = Scalar(0);
         int p = 0;
-        for (; p + 4 <= G.k; p += 4) {
-          const Scalar a0 = A[p * sa], a1 = A[(p + 1) * sa], a2 = A[(p + 2) * sa], a3 = A[(p + 3) * sa];
-          const Scalar b0 = B[p * sb], b1 = B[(p + 1) * sb], b2 = B[(p + 2) * sb], b3 = B[(p + 3) * sb];
-          acc += a0 * b0;
-          acc += a1 * b1;
-          acc += a2 * b2;
-          acc += a3 * b3;
+        for (; p + 8 <= G.k; p += 8) {
+          Scalar a[8], b[8];
+          for (int u = 0; u < 8; ++u) a[u] = A[(p + u) * sa];
+          for (int u = 0; u < 8; ++u) b[u] = B[(p + u) * sb];
+          for (int u = 0; u < 8; ++u) acc += a[u] * b[u];
         }
         for (; p < G.k; ++p) acc += A[p * sa] * B[p * sb];
         Scalar* C = G.c + bi * G.stride_c + std::int64_t(i) * G.ldc + j;
