@@ -14,14 +14,13 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include <cmath>
+#include <algorithm>
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -299,6 +298,42 @@ TEST_CASE("a checkpoint written at N ranks resumes on one rank with the same bit
   CHECK(error.empty());
   CHECK(same);
   CHECK(dpmlp_test::all(same && error.empty()));
+}
+
+TEST_CASE("after a TrainingError, loading the last checkpoint resumes bitwise", "[mpi][checkpoint]") {
+  // The recovery docs/reliability.md describes: a run diverges, the job reloads its last checkpoint and goes
+  // on. Adam, because its update depends on the step number, which the failed call must not leave skewed.
+  const TempDir dir;
+  REQUIRE(dpmlp_test::all(dir.ok()));
+  const dpmlp::Adam opt(0.01);
+  constexpr int n = 10, k = 4;
+  Run<dpmlp::Adam> whole(opt);
+  whole.trainer.train(n);
+  const Snapshot end = snapshot(whole.trainer);
+
+  Run<dpmlp::Adam> run(opt);
+  run.trainer.train(k);
+  const std::string path = dir.file("last_good.ckpt");
+  dpmlp::save_checkpoint(run.trainer, path);
+  // A fault: the output bias (used by every prediction) becomes NaN on every replica.
+  const auto params = run.model.params();
+  Kokkos::deep_copy(Kokkos::subview(params, params.extent(0) - 1), std::numeric_limits<float>::quiet_NaN());
+  std::string kind;
+  try {
+    run.trainer.train(3);
+  } catch (const dpmlp::TrainingError&) {
+    kind = "TrainingError";
+  } catch (const std::exception& e) {
+    kind = e.what();
+  }
+  CHECK(kind == "TrainingError");
+  dpmlp::load_checkpoint(run.trainer, path);
+  CHECK(run.trainer.steps_done() == k);
+  run.trainer.train(n - k);
+  const Snapshot after = snapshot(run.trainer);
+  CHECK(after.steps == n);
+  CHECK((after.params == end.params));
+  CHECK((after.state == end.state));
 }
 
 TEST_CASE("the file is the documented format", "[mpi][checkpoint]") {

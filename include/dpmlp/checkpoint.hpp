@@ -67,9 +67,9 @@
 namespace dpmlp {
 
 namespace checkpoint_format {
-constexpr char magic[8] = {'D', 'P', 'M', 'L', 'P', 'C', 'K', '1'};
-constexpr std::uint32_t version = 1;
-constexpr std::uint32_t float32 = 4, float64 = 8;
+inline constexpr char magic[8] = {'D', 'P', 'M', 'L', 'P', 'C', 'K', '1'};
+inline constexpr std::uint32_t version = 1;
+inline constexpr std::uint32_t float32 = 4, float64 = 8;
 }  // namespace checkpoint_format
 
 namespace detail {
@@ -555,7 +555,9 @@ void load_checkpoint(Trainer& t, const std::string& path) {
   agree<InputError>(comm, mismatch);
   detail::ckpt::broadcast_bytes(params.data(), num_params * sizeof(Scalar), 0, comm);
   detail::ckpt::broadcast_bytes(state.data(), state_size * sizeof(Scalar), 0, comm);
-  // deep_copy without a space argument waits for the copy, so the host buffers may go when this returns.
+  // Into the trainer's own Views, never replacing them: whatever holds their pointers (the model's other
+  // copies, a captured CUDA graph step) sees the loaded values. deep_copy without a space argument waits for
+  // the copy, so the host buffers may go when this returns.
   Kokkos::deep_copy(t.model().params(), params);
   Kokkos::deep_copy(t.optimizer_state(), state);
   t.set_steps_done(static_cast<std::int64_t>(shape[2]));

@@ -16,3 +16,4 @@
 #include "dpmlp/mlp.hpp"
 #include "dpmlp/optim.hpp"
 #include "dpmlp/data_parallel_trainer.hpp"
+#include "dpmlp/checkpoint.hpp"
