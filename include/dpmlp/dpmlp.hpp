@@ -17,3 +17,6 @@
 #include "dpmlp/optim.hpp"
 #include "dpmlp/data_parallel_trainer.hpp"
 #include "dpmlp/checkpoint.hpp"
+#include "dpmlp/callbacks.hpp"
+#include "dpmlp/csv.hpp"
+#include "dpmlp/eigen_interop.hpp"

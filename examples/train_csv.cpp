@@ -1,0 +1,414 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// train_csv: regression on a numeric CSV file with dpmlp, data-parallel over MPI ranks.
+//
+//   mpirun -np N train_csv DATA.csv --target COLUMN [--hidden H] [--steps S] [--batch B] [--rate R]
+//                          [--optimizer sgd|adam] [--momentum M] [--test-fraction F] [--seed K]
+//                          [--checkpoint FILE] [--write-split FILE] [--progress auto|bar|lines|off]
+//                          [--allow-cpu-devices]
+//
+// Defaults: --hidden 32 --steps 500 --optimizer adam --rate 0.01 (sgd: 0.05) --test-fraction 0.2 --seed 0.
+//
+// What it does:
+//   1. Rank 0 reads DATA.csv (dpmlp/csv.hpp: a header row, then numbers only) and splits its rows into train
+//      and test with dpmlp::split_rows(rows, F, K): deterministic for a seed, whatever the rank count.
+//      Only rank 0 needs the file; each rank receives only its rows (MPI_Scatterv).
+//   2. Every column but the target is a feature. Features and target are standardized per column
+//      (Standardizer column mode), with statistics fitted on the training rows of all ranks together and
+//      applied to the test rows.
+//   3. An MLP (features -> H relu -> 1) starts from JAX's initialization with PRNGKey(K), scaled 0.1, and
+//      trains data-parallel on the training rows: each rank holds its shard (trainer.shard()); the
+//      gradient is reduced across ranks every step. Rank 0 prints progress (dpmlp::ProgressBar); the loss
+//      shown is the MSE of the standardized target.
+//   4. It prints `train mse <g> test mse <g>`: the mean squared errors in the target's original units.
+//
+// --batch B: training is full-batch (every step uses all training rows); mini-batches are not implemented.
+//   B = 0 or B >= the number of training rows is accepted (and means full batch); anything else is refused.
+// --checkpoint FILE: if FILE exists, training resumes from it (parameters, optimizer state, step count), and
+//   FILE is written at the end. Resume with the same data, --target, --hidden, --optimizer, --seed and
+//   --test-fraction: the standardization is recomputed from the data and the split, not stored in FILE.
+// --progress: rank 0's progress display (dpmlp::ProgressBar). auto: a live line when stdout is a terminal,
+//   plain lines otherwise. Note that OpenMPI's mpirun gives the ranks a pseudo-terminal as stdout even when
+//   its own output goes to a pipe or a file, so under mpirun `auto` is the live line; pass --progress lines
+//   for logs.
+// --write-split FILE: rank 0 writes the split as CSV (`row,set` with row = 0-based data row, set = train or
+//   test), e.g. for benchmarks/ols_reference.py.
+//
+// Exit codes: 0 done, 2 bad input or a runtime error (the message is printed on every rank), 77 fewer than 2
+// physical accelerators (CPU builds: pass --allow-cpu-devices to count each rank as one CPU device).
+#include <dpmlp/callbacks.hpp>
+#include <dpmlp/checkpoint.hpp>
+#include <dpmlp/csv.hpp>
+#include <dpmlp/dpmlp.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cerrno>
+#include <climits>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+// A named namespace, not an anonymous one: CUDA's extended lambdas want enclosing functions with linkage.
+namespace train_csv {
+
+using ExecSpace = Kokkos::DefaultExecutionSpace;
+using Memory = ExecSpace::memory_space;
+using HostMatrix = Kokkos::View<double**, Kokkos::LayoutRight, Kokkos::HostSpace>;
+using DeviceMatrix = Kokkos::View<double**, Kokkos::LayoutRight, Memory>;
+using FloatMatrix = Kokkos::View<float**, Kokkos::LayoutRight, Memory>;
+
+struct Options {
+  std::string data, target, optimizer = "adam", checkpoint, write_split, progress = "auto";
+  int hidden = 32, steps = 500;
+  long long batch = 0;
+  double rate = 0, momentum = 0, test_fraction = 0.2;
+  unsigned long long seed = 0;
+  bool allow_cpu = false;
+};
+
+Options parse(int argc, char* argv[]) {
+  Options o;
+  auto value = [&](int& i) -> std::string {
+    if (i + 1 >= argc) throw dpmlp::InputError(std::string("option ") + argv[i] + " needs a value");
+    return argv[++i];
+  };
+  auto integer = [&](int& i) -> long long {
+    const std::string flag = argv[i], text = value(i);
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(text.c_str(), &end, 10);
+    if (end == text.c_str() || *end != '\0' || errno == ERANGE) {
+      throw dpmlp::InputError(flag + ": not an integer: '" + text + "'");
+    }
+    return v;
+  };
+  auto real = [&](int& i) -> double {
+    const std::string flag = argv[i], text = value(i);
+    char* end = nullptr;
+    const double v = std::strtod(text.c_str(), &end);
+    if (end == text.c_str() || *end != '\0') throw dpmlp::InputError(flag + ": not a number: '" + text + "'");
+    return v;
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--allow-cpu-devices") o.allow_cpu = true;
+    else if (a == "--target") o.target = value(i);
+    else if (a == "--hidden") o.hidden = static_cast<int>(std::clamp<long long>(integer(i), -1, INT_MAX));
+    else if (a == "--steps") o.steps = static_cast<int>(std::clamp<long long>(integer(i), -1, INT_MAX));
+    else if (a == "--batch") o.batch = integer(i);
+    else if (a == "--rate") o.rate = real(i);
+    else if (a == "--momentum") o.momentum = real(i);
+    else if (a == "--optimizer") o.optimizer = value(i);
+    else if (a == "--test-fraction") o.test_fraction = real(i);
+    else if (a == "--seed") {
+      const long long s = integer(i);
+      if (s < 0) throw dpmlp::InputError("--seed must not be negative");
+      o.seed = static_cast<unsigned long long>(s);
+    } else if (a == "--checkpoint") o.checkpoint = value(i);
+    else if (a == "--write-split") o.write_split = value(i);
+    else if (a == "--progress") o.progress = value(i);
+    else if (a.size() > 1 && a[0] == '-') {
+      throw dpmlp::InputError("unknown option '" + a + "' (see the comment at the top of train_csv.cpp)");
+    } else if (o.data.empty()) {
+      o.data = a;
+    } else {
+      throw dpmlp::InputError("more than one data file ('" + o.data + "', '" + a + "')");
+    }
+  }
+  if (o.data.empty()) throw dpmlp::InputError("no data file (usage: train_csv DATA.csv --target COLUMN [options])");
+  if (o.target.empty()) throw dpmlp::InputError("--target COLUMN is required (the column to predict)");
+  if (o.hidden <= 0) throw dpmlp::InputError("--hidden must be positive");
+  if (o.steps <= 0) throw dpmlp::InputError("--steps must be positive");
+  if (o.batch < 0) throw dpmlp::InputError("--batch must not be negative");
+  if (o.optimizer != "sgd" && o.optimizer != "adam") {
+    throw dpmlp::InputError("--optimizer must be sgd or adam, got '" + o.optimizer + "'");
+  }
+  if (o.rate == 0) o.rate = o.optimizer == "adam" ? 0.01 : 0.05;
+  if (!(o.rate > 0) || !std::isfinite(o.rate)) throw dpmlp::InputError("--rate must be positive and finite");
+  if (!(o.momentum >= 0 && o.momentum < 1)) throw dpmlp::InputError("--momentum must be in [0, 1)");
+  if (o.momentum != 0 && o.optimizer != "sgd") throw dpmlp::InputError("--momentum applies to --optimizer sgd only");
+  if (!(o.test_fraction >= 0 && o.test_fraction < 1)) throw dpmlp::InputError("--test-fraction must be in [0, 1)");
+  if (o.progress != "auto" && o.progress != "bar" && o.progress != "lines" && o.progress != "off") {
+    throw dpmlp::InputError("--progress must be auto, bar, lines or off, got '" + o.progress + "'");
+  }
+  return o;
+}
+
+// What every rank knows about the data set after rank 0 has read it.
+struct Layout {
+  long long rows = 0, n_train = 0, n_test = 0;
+  int cols = 0, target = -1;
+  std::vector<std::string> columns;
+};
+
+void broadcast_string(std::string& s, MPI_Comm comm) {
+  long long n = static_cast<long long>(s.size());
+  MPI_Bcast(&n, 1, MPI_LONG_LONG, 0, comm);
+  s.resize(static_cast<std::size_t>(n));
+  if (n > 0) MPI_Bcast(&s[0], static_cast<int>(n), MPI_CHAR, 0, comm);
+}
+
+// Rank 0 sends each rank the rows `order[first_r .. end_r)` of `table` (every column); returns this rank's.
+HostMatrix scatter_rows(MPI_Comm comm, const dpmlp::CsvTable* table, const std::vector<std::int64_t>& order,
+                        long long first, long long end, int cols) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  long long mine[2] = {first, end};
+  std::vector<long long> ranges(2 * static_cast<std::size_t>(size));
+  MPI_Gather(mine, 2, MPI_LONG_LONG, ranges.data(), 2, MPI_LONG_LONG, 0, comm);
+  std::vector<int> counts(size, 0), displs(size, 0);
+  std::vector<double> packed;
+  std::string problem;
+  if (rank == 0) {
+    long long total = 0;
+    for (int r = 0; r < size; ++r) {
+      const long long n = (ranges[2 * r + 1] - ranges[2 * r]) * cols;
+      if (n > INT_MAX || total > INT_MAX) {
+        problem = "the data are too large to scatter with int counts (" + std::to_string(n) + " values for rank " +
+                  std::to_string(r) + ")";
+        break;
+      }
+      counts[r] = static_cast<int>(n);
+      displs[r] = static_cast<int>(total);
+      total += n;
+    }
+    if (problem.empty()) {
+      packed.reserve(static_cast<std::size_t>(total));
+      for (int r = 0; r < size; ++r) {
+        for (long long i = ranges[2 * r]; i < ranges[2 * r + 1]; ++i) {
+          const std::int64_t row = order[static_cast<std::size_t>(i)];
+          for (int c = 0; c < cols; ++c) packed.push_back((*table)(row, c));
+        }
+      }
+    }
+  }
+  dpmlp::agree(comm, problem);
+  HostMatrix local("rows", static_cast<std::size_t>(end - first), static_cast<std::size_t>(cols));
+  MPI_Scatterv(packed.data(), counts.data(), displs.data(), MPI_DOUBLE, local.data(),
+               static_cast<int>((end - first) * cols), MPI_DOUBLE, 0, comm);
+  return local;
+}
+
+// Columns [c0, c1) of m, as a LayoutRight View in Memory.
+DeviceMatrix columns_to_device(const HostMatrix& m, int c0, int c1) {
+  HostMatrix h("columns", m.extent(0), static_cast<std::size_t>(c1 - c0));
+  for (std::size_t r = 0; r < m.extent(0); ++r) {
+    for (int c = c0; c < c1; ++c) h(r, c - c0) = m(r, c);
+  }
+  DeviceMatrix d("columns", h.extent(0), h.extent(1));
+  Kokkos::deep_copy(d, h);
+  return d;
+}
+
+// One row's output, as the evaluator wants it (indexable with (j)).
+struct Out1 {
+  float* p;
+  KOKKOS_INLINE_FUNCTION float& operator()(int j) const { return p[j]; }
+};
+
+// Sum over this rank's rows of (prediction in original units - y)^2, with a model evaluator of MaxWidth.
+template <int MaxWidth>
+double sum_squared_error(const dpmlp::Mlp<float, Memory>& model, const FloatMatrix& x, const DeviceMatrix& y,
+                         double y_mean, double y_scale) {
+  const auto eval = model.evaluator<MaxWidth>();
+  double sum = 0;
+  Kokkos::parallel_reduce(
+      "train_csv::sse", Kokkos::RangePolicy<ExecSpace>(0, static_cast<std::int64_t>(x.extent(0))),
+      KOKKOS_LAMBDA(const std::int64_t r, double& acc) {
+        float out[1] = {0.0f};
+        eval(Kokkos::subview(x, r, Kokkos::ALL), Out1{out});
+        const double d = static_cast<double>(out[0]) * y_scale + y_mean - y(r, 0);
+        acc += d * d;
+      },
+      sum);
+  return sum;
+}
+
+double sum_squared_error(const dpmlp::Mlp<float, Memory>& model, const FloatMatrix& x, const DeviceMatrix& y,
+                         double y_mean, double y_scale) {
+  int widest = 0;
+  for (int w : model.widths()) widest = std::max(widest, w);
+  if (widest <= 256) return sum_squared_error<256>(model, x, y, y_mean, y_scale);
+  if (widest <= 2048) return sum_squared_error<2048>(model, x, y, y_mean, y_scale);
+  throw dpmlp::InputError("train_csv evaluates models up to 2048 units wide; this one has " + std::to_string(widest));
+}
+
+template <class Optimizer>
+int run(const Options& o, const Optimizer& optimizer, int devices) {
+  MPI_Comm comm = MPI_COMM_WORLD;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  ExecSpace space;
+
+  // ---- 1. rank 0 reads and splits; everyone learns the layout
+  dpmlp::CsvTable table;
+  dpmlp::RowSplit split;
+  Layout L;
+  dpmlp::all_or_none(comm, [&] {
+    if (rank != 0) return;
+    table = dpmlp::read_csv(o.data);
+    L.target = table.require_column(o.target);
+    if (table.cols() < 2) throw dpmlp::InputError(o.data + ":1: the target is the only column; there are no features");
+    split = dpmlp::split_rows(table.rows, o.test_fraction, o.seed);
+    L.rows = table.rows;
+    L.cols = table.cols();
+    L.n_train = static_cast<long long>(split.train.size());
+    L.n_test = static_cast<long long>(split.test.size());
+    L.columns = table.columns;
+    if (!o.write_split.empty()) {
+      std::FILE* f = std::fopen(o.write_split.c_str(), "w");
+      if (!f) throw dpmlp::InputError("--write-split " + o.write_split + ": cannot open for writing");
+      std::fprintf(f, "row,set\n");
+      std::vector<char> is_test(static_cast<std::size_t>(table.rows), 0);
+      for (auto i : split.test) is_test[static_cast<std::size_t>(i)] = 1;
+      for (long long i = 0; i < table.rows; ++i) std::fprintf(f, "%lld,%s\n", i, is_test[i] ? "test" : "train");
+      if (std::fclose(f) != 0) throw dpmlp::InputError("--write-split " + o.write_split + ": write failed");
+    }
+  });
+  long long meta[5] = {L.rows, L.n_train, L.n_test, L.cols, L.target};
+  MPI_Bcast(meta, 5, MPI_LONG_LONG, 0, comm);
+  L.rows = meta[0];
+  L.n_train = meta[1];
+  L.n_test = meta[2];
+  L.cols = static_cast<int>(meta[3]);
+  L.target = static_cast<int>(meta[4]);
+  L.columns.resize(static_cast<std::size_t>(L.cols));
+  for (auto& name : L.columns) broadcast_string(name, comm);
+  const int features = L.cols - 1;
+
+  if (o.batch != 0 && o.batch < L.n_train) {
+    throw dpmlp::InputError("--batch " + std::to_string(o.batch) +
+                            ": mini-batches are not supported yet; every step uses all " + std::to_string(L.n_train) +
+                            " training rows (full batch). Leave --batch out, or pass --batch 0 or a value >= " +
+                            std::to_string(L.n_train) + ".");
+  }
+
+  // ---- 2. the trainer (it decides the shards), then each rank's rows
+  dpmlp::Mlp<float, Memory> model({features, o.hidden, 1});
+  model.init_jax(dpmlp::random::PRNGKey(o.seed), 0.1f);
+  dpmlp::DataParallelTrainer<ExecSpace, dpmlp::default_communicator_t<ExecSpace>, Optimizer> trainer(
+      comm, model, L.n_train, optimizer);
+  const dpmlp::Shard shard = trainer.shard();
+  const long long test_first = L.n_test * rank / size, test_end = L.n_test * (rank + 1) / size;
+  const HostMatrix train_rows =
+      scatter_rows(comm, rank == 0 ? &table : nullptr, split.train, shard.first_row, shard.end_row, L.cols);
+  const HostMatrix test_rows = scatter_rows(comm, rank == 0 ? &table : nullptr, split.test, test_first, test_end, L.cols);
+  table = dpmlp::CsvTable();  // rank 0: the rows now live in the ranks' buffers
+
+  // The target moves to the last column: features are columns [0, features), the target column `features`.
+  auto target_last = [&](const HostMatrix& m) {
+    HostMatrix out("reordered", m.extent(0), m.extent(1));
+    for (std::size_t r = 0; r < m.extent(0); ++r) {
+      int k = 0;
+      for (int c = 0; c < L.cols; ++c) {
+        if (c != L.target) out(r, k++) = m(r, c);
+      }
+      out(r, features) = m(r, L.target);
+    }
+    return out;
+  };
+  const HostMatrix train_all = target_last(train_rows), test_all = target_last(test_rows);
+  const DeviceMatrix x_train = columns_to_device(train_all, 0, features);
+  const DeviceMatrix y_train = columns_to_device(train_all, features, features + 1);
+  const DeviceMatrix x_test = columns_to_device(test_all, 0, features);
+  const DeviceMatrix y_test = columns_to_device(test_all, features, features + 1);
+
+  // ---- 3. standardize: fit on the training rows of all ranks, apply to train and test
+  dpmlp::Standardizer sx, sy;
+  sx.fit_columns(space, x_train, comm);
+  sy.fit_columns(space, y_train, comm);
+  FloatMatrix fx_train("x_train", x_train.extent(0), features), fy_train("y_train", y_train.extent(0), 1);
+  FloatMatrix fx_test("x_test", x_test.extent(0), features);
+  sx.transform_columns(space, x_train, fx_train);
+  sy.transform_columns(space, y_train, fy_train);
+  sx.transform_columns(space, x_test, fx_test);
+  const double y_mean = sy.column_mean()[0], y_scale = sy.column_scale()[0];
+  trainer.set_data(fx_train, fy_train);
+
+  // ---- 4. train (resuming from the checkpoint if there is one)
+  int exists = 0;
+  if (rank == 0 && !o.checkpoint.empty()) exists = access(o.checkpoint.c_str(), F_OK) == 0 ? 1 : 0;
+  MPI_Bcast(&exists, 1, MPI_INT, 0, comm);
+  if (exists) dpmlp::load_checkpoint(trainer, o.checkpoint);
+  if (rank == 0) {
+    std::printf("# train_csv: %s: %lld rows, %d features, target '%s'; train %lld rows, test %lld (seed %llu)\n",
+                o.data.c_str(), L.rows, features, o.target.c_str(), L.n_train, L.n_test, o.seed);
+    std::printf("# model %d-%d-1 relu, %s rate %g%s, full batch; %d rank%s on %d %s device%s (%s)\n", features,
+                o.hidden, o.optimizer.c_str(), o.rate,
+                o.momentum != 0 ? (" momentum " + std::to_string(o.momentum)).c_str() : "", size,
+                size == 1 ? "" : "s", devices, dpmlp::platform_name<ExecSpace>(), devices == 1 ? "" : "s",
+                ExecSpace::name());
+    if (o.allow_cpu && dpmlp::is_host_space<ExecSpace>()) {
+      std::printf("# --allow-cpu-devices: each rank counts as one CPU device\n");
+    }
+    if (exists) {
+      std::printf("# resumed from %s at step %lld\n", o.checkpoint.c_str(), static_cast<long long>(trainer.steps_done()));
+    }
+    std::printf("# loss: MSE of the standardized target\n");
+    std::fflush(stdout);
+  }
+  using Mode = dpmlp::ProgressBar::Mode;
+  const Mode mode = o.progress == "bar" ? Mode::terminal : o.progress == "lines" ? Mode::lines : Mode::automatic;
+  dpmlp::ProgressBar progress(o.progress == "off" ? nullptr : stdout, 0, mode);
+  trainer.train(o.steps, progress);
+  if (!o.checkpoint.empty()) {
+    dpmlp::save_checkpoint(trainer, o.checkpoint);
+    if (rank == 0) {
+      std::printf("# checkpoint: %s (step %lld)\n", o.checkpoint.c_str(), static_cast<long long>(trainer.steps_done()));
+    }
+  }
+
+  // ---- 5. the errors, in the target's original units
+  double sums[2] = {sum_squared_error(model, fx_train, y_train, y_mean, y_scale),
+                    sum_squared_error(model, fx_test, y_test, y_mean, y_scale)};
+  MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, comm);
+  if (rank == 0) {
+    const double train_mse = sums[0] / static_cast<double>(L.n_train);
+    if (L.n_test > 0) {
+      std::printf("train mse %g test mse %g\n", train_mse, sums[1] / static_cast<double>(L.n_test));
+    } else {
+      std::printf("train mse %g test mse n/a (--test-fraction 0)\n", train_mse);
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+int main_checked(int argc, char* argv[]) {
+  Options o;
+  dpmlp::all_or_none(MPI_COMM_WORLD, [&] { o = parse(argc, argv); });
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int found = dpmlp::count_physical_devices<ExecSpace>(MPI_COMM_WORLD, o.allow_cpu);
+  if (found < 2) {
+    if (rank == 0) std::printf("requires >= 2 physical accelerator devices; found %d\n", found);
+    return 77;
+  }
+  if (o.optimizer == "adam") return run(o, dpmlp::Adam(o.rate), found);
+  return run(o, dpmlp::Sgd(o.rate, o.momentum), found);
+}
+
+}  // namespace train_csv
+
+int main(int argc, char* argv[]) {
+  MPI_Init(&argc, &argv);
+  dpmlp::initialize_kokkos_for_rank(MPI_COMM_WORLD);
+  int code = 0;
+  try {
+    code = train_csv::main_checked(argc, argv);
+  } catch (const std::exception& e) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    std::fprintf(stderr, "train_csv: error (rank %d): %s\n", rank, e.what());
+    code = 2;
+  }
+  Kokkos::finalize();
+  MPI_Finalize();
+  return code;
+}

@@ -1,0 +1,164 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// Callbacks inside a real DataParallelTrainer at 1, 2 and 3 ranks: early stopping stops early and every rank
+// stops after the same step; a custom callback with only some hooks compiles and is called; the ProgressBar
+// writes its lines on rank 0 only; the losses a LossHistory records are the run's losses.
+#include <catch2/catch.hpp>
+
+#include <dpmlp/callbacks.hpp>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "mpi_test_util.hpp"
+#include "trainer_test_util.hpp"
+
+using namespace dpmlp_test;
+
+namespace {
+
+using Trainer = dpmlp::DataParallelTrainer<Space, dpmlp::MpiCommunicator, dpmlp::Sgd>;
+
+struct Setup {
+  Problem p;
+  dpmlp::Mlp<float, Memory> model;
+  Matrix x, y;
+  explicit Setup(std::int64_t rows = 600) : model({8, 16, 1}) {
+    p.rows = rows;
+    model.init_jax(dpmlp::random::PRNGKey(p.seed + 1), 0.3f);
+  }
+  // Draws this rank's rows for the trainer and hands them over.
+  void feed(Trainer& t) {
+    draw_rows(p, t.shard().first_row, t.shard().rows(), x, y);
+    t.set_data(x, y);
+  }
+};
+
+// Every rank's value, gathered on every rank.
+std::vector<long long> gather(long long mine) {
+  std::vector<long long> all(static_cast<std::size_t>(size()));
+  MPI_Allgather(&mine, 1, MPI_LONG_LONG, all.data(), 1, MPI_LONG_LONG, MPI_COMM_WORLD);
+  return all;
+}
+
+// Only end_step, returning void: never stops; counts calls.
+struct CountSteps {
+  int calls = 0;
+  void end_step(const dpmlp::StepInfo&) { ++calls; }
+};
+// Only begin_training and end_training.
+struct Bookends {
+  int begins = 0, ends = 0, asked = -1, result_steps = -1;
+  void begin_training(const dpmlp::TrainInfo& info) {
+    ++begins;
+    asked = info.steps;
+  }
+  void end_training(const dpmlp::TrainResult& r) {
+    ++ends;
+    result_steps = r.steps;
+  }
+};
+// Stops after a fixed step (bool end_step only).
+struct StopAt {
+  std::int64_t at;
+  bool end_step(const dpmlp::StepInfo& s) { return s.step >= at; }
+};
+
+}  // namespace
+
+TEST_CASE("EarlyStopping stops early, and every rank after the same step", "[callbacks][mpi]") {
+  Setup s;
+  // A large rate: the loss falls fast, then crawls; with min_delta it soon counts as no improvement (about
+  // 50 steps at 1-3 ranks).
+  Trainer trainer(MPI_COMM_WORLD, s.model, s.p.rows, dpmlp::Sgd(0.2));
+  s.feed(trainer);
+  dpmlp::EarlyStopping stop(3, 5e-3);
+  dpmlp::LossHistory history;
+  const dpmlp::TrainResult r = trainer.train(500, stop, history);
+  CHECK(stop.stopped());
+  CHECK(r.steps < 500);
+  CHECK(r.steps == stop.stopped_step());
+  CHECK(trainer.steps_done() == r.steps);
+  CHECK(history.size() == static_cast<std::size_t>(r.steps));
+  CHECK(history.losses().back() == Approx(r.last_loss).epsilon(1e-6));
+  CHECK(history.losses().front() == Approx(r.first_loss).epsilon(1e-6));
+  const auto steps = gather(r.steps);
+  for (long long v : steps) CHECK(v == steps[0]);
+  // The same on every rank, bit for bit: the loss history.
+  const double sum = [&] {
+    double t = 0;
+    for (double l : history.losses()) t += l;
+    return t;
+  }();
+  double root = sum;
+  MPI_Bcast(&root, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  CHECK(sum == root);
+  // The next train() call starts where this one stopped.
+  const auto again = trainer.train(3, history);
+  CHECK(again.steps == 3);
+  CHECK(trainer.steps_done() == r.steps + 3);
+  CHECK(history.steps().back() == r.steps + 3);
+}
+
+TEST_CASE("EarlyStopping with an agreeing communicator stops at the same step", "[callbacks][mpi]") {
+  Setup s;
+  Trainer a(MPI_COMM_WORLD, s.model, s.p.rows, dpmlp::Sgd(0.2));
+  s.feed(a);
+  dpmlp::EarlyStopping plain(3, 5e-3);
+  const int plain_steps = a.train(500, plain).steps;
+  Setup s2;
+  Trainer b(MPI_COMM_WORLD, s2.model, s2.p.rows, dpmlp::Sgd(0.2));
+  s2.feed(b);
+  dpmlp::EarlyStopping agreeing(3, 5e-3, MPI_COMM_WORLD);
+  const int agreeing_steps = b.train(500, agreeing).steps;
+  CHECK(plain_steps == agreeing_steps);
+  CHECK(plain_steps < 500);
+}
+
+TEST_CASE("custom callbacks with only some hooks compile and are called", "[callbacks][mpi]") {
+  Setup s;
+  Trainer trainer(MPI_COMM_WORLD, s.model, s.p.rows, dpmlp::Sgd(0.05));
+  s.feed(trainer);
+  CountSteps count;
+  Bookends ends;
+  StopAt at{7};
+  const auto r = trainer.train(20, count, ends, at);
+  CHECK(r.steps == 7);
+  CHECK(count.calls == 7);
+  CHECK(ends.begins == 1);
+  CHECK(ends.ends == 1);
+  CHECK(ends.asked == 20);
+  CHECK(ends.result_steps == 7);
+  // A temporary works too (callbacks are taken by forwarding reference).
+  CHECK(trainer.train(4, CountSteps{}).steps == 4);
+}
+
+TEST_CASE("ProgressBar inside a trainer: lines on rank 0, nothing elsewhere", "[callbacks][mpi]") {
+  Setup s;
+  Trainer trainer(MPI_COMM_WORLD, s.model, s.p.rows, dpmlp::Sgd(0.05));
+  s.feed(trainer);
+  std::FILE* f = std::tmpfile();
+  REQUIRE(all(f != nullptr));
+  dpmlp::ProgressBar bar(f, 5);
+  dpmlp::LossHistory history;
+  const auto r = trainer.train(12, bar, history);
+  std::fflush(f);
+  std::rewind(f);
+  std::string text;
+  char buf[4096];
+  std::size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+  std::fclose(f);
+  if (rank() == 0) {
+    CHECK(text.find("step 5/12 loss ") == 0);
+    CHECK(text.find("\nstep 10/12 loss ") != std::string::npos);
+    CHECK(text.find("\nstep 12/12 loss ") != std::string::npos);
+    char last[64];
+    std::snprintf(last, sizeof last, "loss %.6g ", history.losses().back());
+    CHECK(text.find(std::string("\nstep 12/12 ") + last) != std::string::npos);
+    CHECK(text.find("\ndone 12 steps loss ") != std::string::npos);
+    CHECK(r.steps == 12);
+  } else {
+    CHECK(text.empty());
+  }
+}
