@@ -74,6 +74,46 @@ struct Problem {
 
 }  // namespace
 
+namespace {
+
+// value_and_grad with `engine` against the fp64 reference, on random data; CHECKs inside.
+void check_against_reference(const Problem& pr, std::int64_t block, dpmlp::Engine engine, std::mt19937& gen) {
+  std::normal_distribution<double> normal;
+  dpmlp::Mlp<float, Memory> model(pr.widths, pr.act);
+  model.init_jax(dpmlp::random::PRNGKey(3), 0.5f);
+  const int in = pr.widths.front(), out = pr.widths.back();
+  MatD x(pr.rows, in), y(pr.rows, out);
+  for (int i = 0; i < x.size(); ++i) x.data()[i] = float(normal(gen));
+  for (int i = 0; i < y.size(); ++i) y.data()[i] = float(normal(gen));
+  Kokkos::View<float**, Kokkos::LayoutRight, Memory> xv("x", pr.rows, in), yv("y", pr.rows, out);
+  auto hx = Kokkos::create_mirror_view(xv);
+  auto hy = Kokkos::create_mirror_view(yv);
+  for (int r = 0; r < pr.rows; ++r) {
+    for (int c = 0; c < in; ++c) hx(r, c) = static_cast<float>(x(r, c));
+    for (int c = 0; c < out; ++c) hy(r, c) = static_cast<float>(y(r, c));
+  }
+  Kokkos::deep_copy(xv, hx);
+  Kokkos::deep_copy(yv, hy);
+  Kokkos::View<float*, Memory> grad("grad", model.num_params());
+  const float loss = dpmlp::value_and_grad(Space(), model, xv, yv, grad, block, engine);
+  const auto p = host_vector(model.params());
+  std::vector<double> gref;
+  const double lref = reference_value_and_grad(pr.widths, pr.act, p, x, y, gref);
+  const auto g = host_vector(grad);
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < g.size(); ++i) {
+    num += (g[i] - gref[i]) * (g[i] - gref[i]);
+    den += gref[i] * gref[i];
+  }
+  INFO("widths " << pr.widths.size() << " layers (" << pr.widths.front() << " -> ... -> " << pr.widths.back()
+                 << "), act " << dpmlp::activation_name(pr.act) << ", rows " << pr.rows << ", block " << block
+                 << ", engine " << dpmlp::engine_name(engine));
+  CHECK(std::fabs(loss - lref) <= 1e-5 * std::max(1.0, lref));
+  CHECK(std::sqrt(num / den) < 1e-5);
+}
+
+}  // namespace
+
 TEST_CASE("value_and_grad matches an fp64 Eigen reference, depth 1-3", "[mlp]") {
   const std::vector<Problem> problems = {
       {{5, 1}, dpmlp::Activation::identity, 37},       {{32, 32, 1}, dpmlp::Activation::relu, 1000},
@@ -81,40 +121,46 @@ TEST_CASE("value_and_grad matches an fp64 Eigen reference, depth 1-3", "[mlp]") 
       {{4, 8, 7, 3}, dpmlp::Activation::tanh, 300},    {{3, 5, 5, 2}, dpmlp::Activation::identity, 64},
   };
   std::mt19937 gen(7);
-  std::normal_distribution<double> normal;
   for (const auto& pr : problems) {
     for (std::int64_t block : {std::int64_t(0), std::int64_t(16)}) {
-      dpmlp::Mlp<float, Memory> model(pr.widths, pr.act);
-      model.init_jax(dpmlp::random::PRNGKey(3), 0.5f);
-      const int in = pr.widths.front(), out = pr.widths.back();
-      MatD x(pr.rows, in), y(pr.rows, out);
-      for (int i = 0; i < x.size(); ++i) x.data()[i] = float(normal(gen));
-      for (int i = 0; i < y.size(); ++i) y.data()[i] = float(normal(gen));
-      Kokkos::View<float**, Kokkos::LayoutRight, Memory> xv("x", pr.rows, in), yv("y", pr.rows, out);
-      auto hx = Kokkos::create_mirror_view(xv);
-      auto hy = Kokkos::create_mirror_view(yv);
-      for (int r = 0; r < pr.rows; ++r) {
-        for (int c = 0; c < in; ++c) hx(r, c) = static_cast<float>(x(r, c));
-        for (int c = 0; c < out; ++c) hy(r, c) = static_cast<float>(y(r, c));
-      }
-      Kokkos::deep_copy(xv, hx);
-      Kokkos::deep_copy(yv, hy);
-      Kokkos::View<float*, Memory> grad("grad", model.num_params());
-      const float loss = dpmlp::value_and_grad(Space(), model, xv, yv, grad, block);
-      const auto p = host_vector(model.params());
-      std::vector<double> gref;
-      const double lref = reference_value_and_grad(pr.widths, pr.act, p, x, y, gref);
-      const auto g = host_vector(grad);
-      double num = 0, den = 0;
-      for (std::size_t i = 0; i < g.size(); ++i) {
-        num += (g[i] - gref[i]) * (g[i] - gref[i]);
-        den += gref[i] * gref[i];
-      }
-      INFO("widths " << pr.widths.size() << " layers, act " << dpmlp::activation_name(pr.act) << ", block " << block);
-      CHECK(std::fabs(loss - lref) <= 1e-5 * std::max(1.0, lref));
-      CHECK(std::sqrt(num / den) < 1e-5);
+      check_against_reference(pr, block, dpmlp::Engine::automatic, gen);
     }
   }
+}
+
+// The fused one-hidden-layer kernel (detail/fused_one_hidden.hpp) runs here with teams of one thread
+// looping over its 256 logical threads: the same code and the same summation shapes as on a GPU. The
+// shapes cover both input tiers (32, 64), every hidden padding (32 .. 256, both chunk sizes), 1-4 outputs,
+// blocks shorter and longer than a chunk and not a multiple of it, and a short last block.
+TEST_CASE("the fused engine matches the fp64 reference", "[mlp][fused]") {
+  const std::vector<Problem> problems = {
+      {{32, 32, 1}, dpmlp::Activation::relu, 1000}, {{3, 5, 2}, dpmlp::Activation::tanh, 123},
+      {{40, 100, 4}, dpmlp::Activation::identity, 77}, {{16, 256, 1}, dpmlp::Activation::relu, 300},
+      {{64, 200, 3}, dpmlp::Activation::tanh, 150},  {{1, 1, 1}, dpmlp::Activation::relu, 9},
+      {{33, 64, 1}, dpmlp::Activation::relu, 260},
+  };
+  std::mt19937 gen(11);
+  for (const auto& pr : problems) {
+    for (std::int64_t block : {std::int64_t(0), std::int64_t(16), std::int64_t(100)}) {
+      check_against_reference(pr, block, dpmlp::Engine::fused, gen);
+    }
+  }
+}
+
+TEST_CASE("Engine::fused refuses a model it cannot run, saying why", "[mlp][fused]") {
+  Kokkos::View<float**, Kokkos::LayoutRight, Memory> x("x", 10, 4), y("y", 10, 1);
+  const auto refuse = [&](std::vector<int> widths, const char* why) {
+    dpmlp::Mlp<float, Memory> model(widths);
+    Kokkos::View<float*, Memory> grad("grad", model.num_params());
+    Kokkos::View<float**, Kokkos::LayoutRight, Memory> xi("x", 10, widths.front()), yo("y", 10, widths.back());
+    CHECK_THROWS_WITH(dpmlp::value_and_grad(Space(), model, xi, yo, grad, 0, dpmlp::Engine::fused),
+                      Catch::Contains(why));
+  };
+  refuse({4, 8, 8, 1}, "exactly one hidden layer");
+  refuse({4, 1}, "exactly one hidden layer");
+  refuse({65, 8, 1}, "at most 64 inputs");
+  refuse({4, 257, 1}, "at most 256 hidden units");
+  refuse({4, 8, 5}, "at most 4 outputs");
 }
 
 TEST_CASE("value_and_grad matches central finite differences in double", "[mlp]") {

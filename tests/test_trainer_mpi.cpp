@@ -49,6 +49,37 @@ TEST_CASE("reproducible: deeper models, tanh, momentum and Adam, same bits", "[t
   }
 }
 
+TEST_CASE("fused engine: bitwise the one-device parameters", "[trainer][fused]") {
+  struct Case {
+    std::vector<int> widths;
+    dpmlp::Activation act;
+    std::int64_t rows, block;
+  };
+  const std::vector<Case> cases = {
+      {{8, 16, 1}, dpmlp::Activation::relu, 1000, 7},   {{8, 16, 1}, dpmlp::Activation::relu, 997, 64},
+      {{8, 16, 1}, dpmlp::Activation::relu, 1001, 100}, {{40, 100, 3}, dpmlp::Activation::tanh, 523, 48},
+  };
+  for (const auto& c : cases) {
+    Problem p;
+    p.rows = c.rows;
+    p.widths = c.widths;
+    p.activation = c.act;
+    dpmlp::TrainerOptions opt;
+    opt.block_rows = c.block;
+    opt.engine = dpmlp::Engine::fused;
+    const Trained multi = train(MPI_COMM_WORLD, p, 6, opt);
+    const Trained single = train_alone(p, 6, opt);
+    INFO("rows " << c.rows << ", block " << c.block << ", hidden " << c.widths[1] << ", ranks " << size());
+    CHECK(std::memcmp(multi.params.data(), single.params.data(), multi.params.size() * sizeof(float)) == 0);
+    CHECK(multi.result.last_loss == single.result.last_loss);
+    CHECK(multi.result.last_loss < multi.result.first_loss);
+    // The layered engine computes the same function; its sums have other shapes, so only near.
+    opt.engine = dpmlp::Engine::layered;
+    const Trained layered = train_alone(p, 6, opt);
+    CHECK(max_abs_diff(layered.params, single.params) < 1e-5);
+  }
+}
+
 TEST_CASE("fast reduction: the one-device parameters within 1e-6", "[trainer]") {
   for (std::int64_t rows : {1000, 1001}) {
     Problem p;

@@ -46,6 +46,10 @@ struct TrainerOptions {
   // step number (Sgd), capture one step as a CUDA graph and replay it (backend/cuda_graph.hpp). Elsewhere
   // it is ignored.
   bool cuda_graph = false;
+  // The per-block gradient engine (detail/fused_one_hidden.hpp). automatic: one fused kernel a step on GPUs
+  // for one-hidden-layer models that fit it, else the layered engine. Either is reproducible; they differ
+  // from each other in the last bits.
+  Engine engine = Engine::automatic;
 };
 
 struct TrainResult {
@@ -155,13 +159,19 @@ class DataParallelTrainer {
       problem = "fewer rows (" + std::to_string(global_rows) + ") than ranks (" + std::to_string(comm_.size()) + ")";
     } else if (options.block_rows < 0) {
       problem = "block_rows must be positive (or 0 for the default)";
+    } else {
+      try {
+        engine_kind_ = detail::BlockEngine<ExecSpace, Scalar>::resolve_engine(model, options.engine);
+      } catch (const InputError& e) {
+        problem = e.what();
+      }
     }
     agree(c, problem.empty() ? problem : "dpmlp::DataParallelTrainer: " + problem);
     global_rows_ = global_rows;
     block_ = options.block_rows > 0 ? options.block_rows : default_block_rows(global_rows);
     plan_ = BlockTreePlan(global_rows, block_, comm_.rank(), comm_.size());
     gemm_ = options.gemm ? *options.gemm : linalg::default_backend<ExecSpace>(options.reduction == Reduction::reproducible);
-    engine_ = detail::BlockEngine<ExecSpace, Scalar>(model_, plan_.shard().rows(), block_, gemm_);
+    engine_ = detail::BlockEngine<ExecSpace, Scalar>(model_, plan_.shard().rows(), block_, gemm_, engine_kind_);
     reducer_ = BlockTreeReducer<ExecSpace, Scalar>(plan_, engine_.width(), options.reduction);
     state_ = Kokkos::View<Scalar*, memory_space>("dpmlp::optimizer_state", optimizer.state_size(model_.num_params()));
     sync_parameters();
@@ -173,6 +183,7 @@ class DataParallelTrainer {
   std::int64_t global_rows() const { return global_rows_; }
   std::int64_t block_rows() const { return block_; }
   linalg::Backend gemm_backend() const { return gemm_; }
+  Engine engine() const { return engine_kind_; }
   const TrainerOptions& options() const { return options_; }
   const Optimizer& optimizer() const { return optimizer_; }
   // The optimizer's state (optimizer().state_size(num_params) values), e.g. for checkpoints.
@@ -384,6 +395,7 @@ class DataParallelTrainer {
   std::int64_t global_rows_ = 0, block_ = 1, steps_done_ = 0;
   BlockTreePlan plan_;
   linalg::Backend gemm_ = linalg::Backend::portable;
+  Engine engine_kind_ = Engine::layered;
   detail::BlockEngine<ExecSpace, Scalar> engine_;
   BlockTreeReducer<ExecSpace, Scalar> reducer_;
   const_matrix x_, y_;
@@ -400,18 +412,20 @@ class DataParallelTrainer {
 // the loss. Same block-wise computation as the trainer (so the same bits as a one-rank trainer step).
 template <class ExecSpace, class Scalar, class X, class Y, class G>
 Scalar value_and_grad(const ExecSpace& space, const Mlp<Scalar, typename ExecSpace::memory_space>& model,
-                      const X& x, const Y& y, const G& grad, std::int64_t block_rows = 0) {
+                      const X& x, const Y& y, const G& grad, std::int64_t block_rows = 0,
+                      Engine engine = Engine::automatic) {
   const std::int64_t rows = x.extent(0);
   if (rows <= 0) throw InputError("dpmlp::value_and_grad: zero rows");
   if (grad.extent(0) != model.num_params()) throw InputError("dpmlp::value_and_grad: grad has the wrong size");
   const std::int64_t block = block_rows > 0 ? block_rows : default_block_rows(rows);
   const BlockTreePlan plan(rows, block, 0, 1);
   const auto backend = linalg::default_backend<ExecSpace>(true);
-  detail::BlockEngine<ExecSpace, Scalar> engine(model, rows, block, backend);
-  BlockTreeReducer<ExecSpace, Scalar> reducer(plan, engine.width(), Reduction::reproducible);
+  using engine_t = detail::BlockEngine<ExecSpace, Scalar>;
+  engine_t blocks(model, rows, block, backend, engine_t::resolve_engine(model, engine));
+  BlockTreeReducer<ExecSpace, Scalar> reducer(plan, blocks.width(), Reduction::reproducible);
   const Scalar inv = Scalar(1.0 / (static_cast<double>(rows) * model.outputs()));
-  engine.compute(space, x, y, inv);
-  const auto total = reducer.reduce(space, engine.partials(), NoCommunicator{});
+  blocks.compute(space, x, y, inv);
+  const auto total = reducer.reduce(space, blocks.partials(), NoCommunicator{});
   Kokkos::deep_copy(space, grad, Kokkos::subview(total, std::make_pair(std::size_t(0), model.num_params())));
   Scalar loss = 0;
   Kokkos::deep_copy(space, loss, Kokkos::subview(total, model.num_params()));

@@ -77,11 +77,6 @@ const char* platform_name() {
   return "cpu";
 }
 
-template <class ExecSpace>
-constexpr bool is_host_space() {
-  return Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
-}
-
 namespace detail {
 // A 16-byte identity of the GPU this rank's Kokkos instance drives: the UUID on CUDA, node name plus PCI
 // location on HIP (HIP 5.2 has no portable UUID query).

@@ -105,4 +105,12 @@ const char* space_name() {
 }
 
 }  // namespace compat
+
+// Whether the host can read the space's memory (Serial, OpenMP, Threads): such a space counts as a CPU
+// device, and takes the host code paths (Eigen GEMMs, the layered engine).
+template <class ExecSpace>
+constexpr bool is_host_space() {
+  return Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible;
+}
+
 }  // namespace dpmlp

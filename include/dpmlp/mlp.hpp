@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "dpmlp/activation.hpp"
+#include "dpmlp/detail/fused_one_hidden.hpp"
 #include "dpmlp/errors.hpp"
 #include "dpmlp/kokkos_compat.hpp"
 #include "dpmlp/linalg/gemm.hpp"
@@ -22,33 +24,6 @@
 
 namespace dpmlp {
 
-enum class Activation { relu, tanh, identity };
-
-inline const char* activation_name(Activation a) {
-  switch (a) {
-    case Activation::relu: return "relu";
-    case Activation::tanh: return "tanh";
-    case Activation::identity: return "identity";
-  }
-  return "?";
-}
-
-namespace detail {
-template <class Scalar>
-KOKKOS_INLINE_FUNCTION Scalar activate(Activation a, Scalar z) {
-  if (a == Activation::relu) return z > Scalar(0) ? z : Scalar(0);
-  if (a == Activation::tanh) return compat::tanh(z);
-  return z;
-}
-// The derivative, written in terms of the activation's output (all three allow it), so the backward pass
-// needs only the stored activations.
-template <class Scalar>
-KOKKOS_INLINE_FUNCTION Scalar activate_grad_from_output(Activation a, Scalar y) {
-  if (a == Activation::relu) return y > Scalar(0) ? Scalar(1) : Scalar(0);
-  if (a == Activation::tanh) return Scalar(1) - y * y;
-  return Scalar(1);
-}
-}  // namespace detail
 
 // A small copyable view of a model for inference inside a user's kernels, on any execution space that can
 // read the model's memory: `eval(inputs, outputs)` for one row, where inputs and outputs are anything
@@ -198,11 +173,14 @@ class BlockEngine {
   using const_matrix = Kokkos::View<const Scalar**, Kokkos::LayoutRight, memory_space>;
 
   BlockEngine() = default;
-  BlockEngine(const Mlp<Scalar, memory_space>& model, std::int64_t rows, std::int64_t block, linalg::Backend gemm)
-      : model_(model), rows_(rows), block_(block), gemm_(gemm) {
+  // engine: Engine::fused or Engine::layered (resolve_engine turns automatic into one of them).
+  BlockEngine(const Mlp<Scalar, memory_space>& model, std::int64_t rows, std::int64_t block, linalg::Backend gemm,
+              Engine engine = Engine::layered)
+      : model_(model), rows_(rows), block_(block), gemm_(gemm), fused_(engine == Engine::fused) {
     blocks_ = (rows + block - 1) / block;
     width_ = static_cast<std::int64_t>(model.num_params()) + 1;  // + the sum of squared residuals
     partials_ = matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::partials"), blocks_, width_);
+    if (fused_) return;  // the fused kernel keeps its activations in team scratch
     int widest = 0;
     for (int w : model.widths()) widest = w > widest ? w : widest;
     for (int l = 1; l <= model.layers(); ++l) {
@@ -215,6 +193,36 @@ class BlockEngine {
                                                        rows);
   }
 
+  // Engine::automatic -> fused on device spaces when the model qualifies and its team scratch fits, else
+  // layered. Engine::fused for a model it cannot run -> InputError saying why.
+  static Engine resolve_engine(const Mlp<Scalar, memory_space>& model, Engine requested) {
+    if (requested == Engine::layered) return requested;
+    std::string why = fused_one_hidden_unsupported(model.widths());
+    if (why.empty()) {
+      const FusedLayout lay(model.inputs(), model.widths()[1], model.outputs());
+      const std::size_t bytes = sizeof(Scalar) * lay.scratch_elems;
+      if (fused_scratch_level(bytes) < 0) {
+        why = "the fused engine needs " + std::to_string(bytes) + " bytes of team scratch, the space offers " +
+              std::to_string(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(0));
+      }
+    }
+    if (requested == Engine::fused) {
+      if (!why.empty()) throw InputError("dpmlp: " + why);
+      return Engine::fused;
+    }
+    return why.empty() && !is_host_space<ExecSpace>() ? Engine::fused : Engine::layered;
+  }
+
+  Engine engine() const { return fused_ ? Engine::fused : Engine::layered; }
+
+  // The team scratch level for the fused kernel: 0 (shared memory on a GPU) if it fits; on a host space,
+  // where both levels are plain memory, 1 if only that fits; -1 if neither.
+  static int fused_scratch_level(std::size_t bytes) {
+    using policy = Kokkos::TeamPolicy<ExecSpace>;
+    if (bytes <= static_cast<std::size_t>(policy::scratch_size_max(0))) return 0;
+    if (is_host_space<ExecSpace>() && bytes <= static_cast<std::size_t>(policy::scratch_size_max(1))) return 1;
+    return -1;
+  }
   std::int64_t width() const { return width_; }
   std::int64_t blocks() const { return blocks_; }
   const matrix& partials() const { return partials_; }
@@ -246,6 +254,14 @@ class BlockEngine {
   // the parameter layout) and, in the last column, the plain sum of squared residuals.
   void compute(const ExecSpace& space, const const_matrix& x, const const_matrix& y, Scalar scale) const {
     if (rows_ == 0) return;
+    if (fused_) {
+      if (model_.inputs() <= 32) {
+        compute_fused<32>(space, x, y, scale);
+      } else {
+        compute_fused<64>(space, x, y, scale);
+      }
+      return;
+    }
     forward(space, x);
     const int L = model_.layers();
     const int n_out = model_.outputs();
@@ -325,6 +341,41 @@ class BlockEngine {
     }
   }
 
+  template <int NI>
+  void compute_fused(const ExecSpace& space, const const_matrix& x, const const_matrix& y, Scalar scale) const {
+    using kernel_t = FusedOneHiddenKernel<ExecSpace, Scalar, NI>;
+    const FusedLayout lay(model_.inputs(), model_.widths()[1], model_.outputs());
+    kernel_t k;
+    k.x = x.data();
+    k.y = y.data();
+    k.params = model_.params().data();
+    k.partials = partials_.data();
+    k.ld = width_;
+    k.rows = rows_;
+    k.block = block_;
+    k.n_in = model_.inputs();
+    k.H = model_.widths()[1];
+    k.NO = model_.outputs();
+    k.HP = lay.hp;
+    k.NJ = lay.hp / kernel_t::TJ;
+    k.C = lay.chunk;
+    k.TR = lay.chunk * k.NJ / kernel_t::T;
+    k.IPT = NI * k.NJ / kernel_t::T;
+    k.w0off = static_cast<std::int64_t>(model_.weight_offset(0));
+    k.b0off = static_cast<std::int64_t>(model_.bias_offset(0));
+    k.w1off = static_cast<std::int64_t>(model_.weight_offset(1));
+    k.b1off = static_cast<std::int64_t>(model_.bias_offset(1));
+    k.loss_col = width_ - 1;
+    k.scale = scale;
+    k.act = model_.activation();
+    // A device team runs the 256 logical threads at once; a host team of one loops over them.
+    const int team = is_host_space<ExecSpace>() ? 1 : kernel_t::T;
+    auto policy = typename kernel_t::policy(space, static_cast<int>(blocks_), team);
+    k.level = fused_scratch_level(k.scratch_bytes());
+    policy.set_scratch_size(k.level, Kokkos::PerTeam(k.scratch_bytes()));
+    Kokkos::parallel_for("dpmlp::fused_one_hidden", policy, k);
+  }
+
  private:
   // Out[rows x n] = In[rows x k] * op(Wt), block by block: the full blocks in one batched call, the short
   // tail block in another. Wt is shared by all blocks (stride 0).
@@ -392,6 +443,7 @@ class BlockEngine {
   Mlp<Scalar, memory_space> model_;
   std::int64_t rows_ = 0, block_ = 1, blocks_ = 0, width_ = 0;
   linalg::Backend gemm_ = linalg::Backend::portable;
+  bool fused_ = false;
   matrix partials_;
   std::vector<matrix> acts_;
   matrix delta_[2];

@@ -1,0 +1,298 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// dpmlp/detail/fused_one_hidden.hpp: forward and backward of a one-hidden-layer MLP in one kernel.
+//
+// Why: the layered engine (mlp.hpp) runs a dozen kernels a step (GEMMs, bias and activation, residual,
+// gradient GEMMs, bias sums) and round-trips the hidden activations and deltas through global memory.
+// On a GPU at the seed's size (10k rows a rank) a step is then launch-latency bound, and at 256 hidden units
+// it is memory bound. Here one team owns one reduction block: it keeps W0, the block's rows (a chunk at a
+// time), their hidden activations and deltas, and the block's gradient accumulators in team scratch
+// (shared memory on a GPU), and writes only the block's partial sums. The next kernels (the block tree,
+// reduction.hpp) are unchanged.
+//
+// Reproducibility: every sum has a fixed shape that depends only on the block's rows and the model's widths
+// (each weight-gradient accumulator runs over the block's rows in row order; the output unit sums fixed
+// segments of hidden units, then the segments in order). Nothing depends on the team size, the team's
+// place on the device, or the rank count. "Logical threads" (256 a team) do the work; a team of fewer
+// threads (1 on a host space) loops over them, so the same kernel runs, and is tested, on Serial.
+//
+// Limits (else the layered engine runs): one hidden layer, at most 64 inputs, 256 hidden units, 4 outputs,
+// and the team scratch must fit (about 105 KB in float at 32 x 256 x 1).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dpmlp/activation.hpp"
+#include "dpmlp/kokkos_compat.hpp"
+
+namespace dpmlp {
+
+// Which per-block engine computes the gradient partials. automatic: the fused kernel on device spaces when
+// the model qualifies (fused_one_hidden_supports), else the layered one (host spaces: its GEMMs are Eigen's).
+enum class Engine { automatic, fused, layered };
+
+inline const char* engine_name(Engine e) {
+  switch (e) {
+    case Engine::automatic: return "automatic";
+    case Engine::fused: return "fused";
+    case Engine::layered: return "layered";
+  }
+  return "?";
+}
+
+namespace detail {
+
+// Team scratch, in elements: w0s, b0s, w1s, b1s(4) | xs, ys, ds, sqs | hs, dhs | accumulators w0, b0, w1,
+// b1, loss. The kernel carves it in this order.
+KOKKOS_INLINE_FUNCTION std::size_t fused_scratch_elems(int ni, int hp, int chunk, int no) {
+  const std::size_t NI = ni, HP = hp, C = chunk, NO = no;
+  return NI * HP + HP + HP * NO + 4 + C * NI + 3 * C * NO + 2 * C * HP + NI * HP + HP + HP * NO + NO + 1;
+}
+
+struct FusedLayout {
+  int ni = 32;     // padded inputs (the kernel's compile-time tier: 32 or 64)
+  int hp = 32;     // padded hidden units: a power of two in [32, 256]
+  int chunk = 32;  // rows a team holds at once
+  std::size_t scratch_elems = 0;
+
+  FusedLayout() = default;
+  FusedLayout(int inputs, int hidden, int outputs) {
+    ni = inputs <= 32 ? 32 : 64;
+    hp = 32;
+    while (hp < hidden) hp *= 2;
+    chunk = hp <= 64 ? 32 : 16;
+    scratch_elems = fused_scratch_elems(ni, hp, chunk, outputs);
+  }
+};
+
+// The reason the fused kernel cannot run this model, or "" if it can.
+inline std::string fused_one_hidden_unsupported(const std::vector<int>& widths) {
+  if (widths.size() != 3) return "the fused engine needs exactly one hidden layer";
+  if (widths[0] > 64) return "the fused engine takes at most 64 inputs";
+  if (widths[1] > 256) return "the fused engine takes at most 256 hidden units";
+  if (widths[2] > 4) return "the fused engine takes at most 4 outputs";
+  return {};
+}
+
+template <class ExecSpace, class Scalar, int NI>
+struct FusedOneHiddenKernel {
+  static constexpr int T = 256;  // logical threads a team
+  static constexpr int TJ = 4;   // hidden units a logical thread owns
+  static constexpr int MaxTR = 4;
+  static constexpr int MaxIPT = NI / 4;  // inputs a logical thread owns in the weight-gradient phase
+  using policy = Kokkos::TeamPolicy<ExecSpace, Kokkos::LaunchBounds<T, 1>>;
+  using member = typename policy::member_type;
+
+  const Scalar* x;  // rows x n_in, row-major
+  const Scalar* y;  // rows x NO, row-major
+  const Scalar* params;
+  Scalar* partials;  // blocks x ld
+  std::int64_t ld, rows, block;
+  int n_in, H, NO, HP, NJ, C, TR, IPT;
+  int level;  // team scratch level
+  std::int64_t w0off, b0off, w1off, b1off, loss_col;
+  Scalar scale;
+  Activation act;
+
+  template <class F>
+  KOKKOS_INLINE_FUNCTION static void each(const member& team, int n, const F& f) {
+    for (int t = team.team_rank(); t < n; t += team.team_size()) f(t);
+  }
+
+  KOKKOS_INLINE_FUNCTION void operator()(const member& team) const {
+    const std::int64_t b = team.league_rank();
+    const std::int64_t r_begin = b * block;
+    const std::int64_t r_end = r_begin + block < rows ? r_begin + block : rows;
+    Scalar* s = static_cast<Scalar*>(team.team_scratch(level).get_shmem(scratch_bytes()));
+    Scalar* const w0s = s;
+    Scalar* const b0s = w0s + NI * HP;
+    Scalar* const w1s = b0s + HP;
+    Scalar* const b1s = w1s + HP * NO;
+    Scalar* const xs = b1s + 4;
+    Scalar* const ys = xs + C * NI;
+    Scalar* const ds = ys + C * NO;
+    Scalar* const sqs = ds + C * NO;
+    Scalar* const hs = sqs + C * NO;
+    Scalar* const dhs = hs + C * HP;  // also the output unit's segment sums, before it holds the deltas
+    Scalar* const acc_w0 = dhs + C * HP;
+    Scalar* const acc_b0 = acc_w0 + NI * HP;
+    Scalar* const acc_w1 = acc_b0 + HP;
+    Scalar* const acc_b1 = acc_w1 + HP * NO;
+    Scalar* const acc_loss = acc_b1 + NO;
+
+    // The parameters, zero-padded to NI x HP so the inner loops need no bounds; the accumulators, zeroed.
+    each(team, NI * HP, [&](int e) {
+      const int i = e / HP, j = e % HP;
+      w0s[e] = (i < n_in && j < H) ? params[w0off + i * H + j] : Scalar(0);
+      acc_w0[e] = Scalar(0);
+    });
+    each(team, HP, [&](int j) {
+      b0s[j] = j < H ? params[b0off + j] : Scalar(0);
+      acc_b0[j] = Scalar(0);
+    });
+    each(team, HP * NO, [&](int e) {
+      w1s[e] = e / NO < H ? params[w1off + e] : Scalar(0);
+      acc_w1[e] = Scalar(0);
+    });
+    each(team, NO + 1, [&](int o) {
+      if (o < NO) {
+        b1s[o] = params[b1off + o];
+        acc_b1[o] = Scalar(0);
+      } else {
+        acc_loss[0] = Scalar(0);
+      }
+    });
+    team.team_barrier();
+
+    for (std::int64_t c0 = r_begin; c0 < r_end; c0 += C) {
+      const int n = r_end - c0 < C ? static_cast<int>(r_end - c0) : C;
+      each(team, C * NI, [&](int e) {
+        const int r = e / NI, i = e % NI;
+        xs[e] = (r < n && i < n_in) ? x[(c0 + r) * n_in + i] : Scalar(0);
+      });
+      each(team, C * NO, [&](int e) { ys[e] = e / NO < n ? y[c0 * NO + e] : Scalar(0); });
+      team.team_barrier();
+
+      // Forward: logical thread (row tile rt, hidden tile jt) computes TR rows x 4 hidden units, and its
+      // share of each output: the sum over its 4 units, a segment of the output unit's sum.
+      each(team, T, [&](int t) {
+        const int jt = t % NJ, rt = t / NJ, j0 = jt * TJ;
+        Scalar h[MaxTR][TJ] = {};
+        for (int i = 0; i < NI; ++i) {
+          Scalar w[TJ];
+          for (int q = 0; q < TJ; ++q) w[q] = w0s[i * HP + j0 + q];
+          for (int a = 0; a < MaxTR; ++a) {
+            if (a < TR) {
+              const Scalar xv = xs[(rt * TR + a) * NI + i];
+              for (int q = 0; q < TJ; ++q) h[a][q] += xv * w[q];
+            }
+          }
+        }
+        for (int a = 0; a < MaxTR; ++a) {
+          if (a >= TR) continue;
+          const int r = rt * TR + a;
+          for (int q = 0; q < TJ; ++q) {
+            h[a][q] = activate(act, h[a][q] + b0s[j0 + q]);
+            hs[r * HP + j0 + q] = h[a][q];
+          }
+          for (int o = 0; o < NO; ++o) {
+            Scalar p = Scalar(0);
+            for (int q = 0; q < TJ; ++q) p += h[a][q] * w1s[(j0 + q) * NO + o];
+            dhs[(r * NO + o) * NJ + jt] = p;
+          }
+        }
+      });
+      team.team_barrier();
+
+      // The outputs: the segments summed in order, plus the bias; residuals and the output deltas.
+      each(team, C * NO, [&](int t) {
+        const int r = t / NO, o = t % NO;
+        Scalar sum = Scalar(0);
+        for (int jt = 0; jt < NJ; ++jt) sum += dhs[t * NJ + jt];
+        const Scalar pred = sum + b1s[o];
+        if (r < n) {
+          const Scalar res = pred - ys[t];
+          ds[t] = Scalar(2) * scale * res;
+          sqs[t] = res * res;
+        } else {
+          ds[t] = Scalar(0);
+          sqs[t] = Scalar(0);
+        }
+      });
+      team.team_barrier();
+
+      // Hidden deltas (same mapping as the forward); the output bias and loss sums, in row order.
+      each(team, T, [&](int t) {
+        const int jt = t % NJ, rt = t / NJ, j0 = jt * TJ;
+        for (int a = 0; a < TR; ++a) {
+          const int r = rt * TR + a;
+          for (int q = 0; q < TJ; ++q) {
+            const int j = j0 + q;
+            Scalar g = Scalar(0);
+            for (int o = 0; o < NO; ++o) g += ds[r * NO + o] * w1s[j * NO + o];
+            dhs[r * HP + j] = g * activate_grad_from_output(act, hs[r * HP + j]);
+          }
+        }
+        if (t < NO) {
+          Scalar acc = acc_b1[t];
+          for (int r = 0; r < n; ++r) acc += ds[r * NO + t];
+          acc_b1[t] = acc;
+        } else if (t == TJ) {
+          Scalar acc = acc_loss[0];
+          for (int e = 0; e < n * NO; ++e) acc += sqs[e];
+          acc_loss[0] = acc;
+        }
+      });
+      team.team_barrier();
+
+      // Weight gradients: logical thread (input group ig, hidden tile jt) owns IPT x 4 entries of dW0 and
+      // adds this chunk's rows in order; groups 0 and 1 also own db0 and dW1 for their 4 units.
+      each(team, T, [&](int t) {
+        const int jt = t % NJ, ig = t / NJ, j0 = jt * TJ, i0 = ig * IPT;
+        Scalar acc[MaxIPT][TJ] = {};
+        for (int a = 0; a < MaxIPT; ++a) {
+          if (a < IPT) {
+            for (int q = 0; q < TJ; ++q) acc[a][q] = acc_w0[(i0 + a) * HP + j0 + q];
+          }
+        }
+        for (int r = 0; r < n; ++r) {
+          Scalar d[TJ];
+          for (int q = 0; q < TJ; ++q) d[q] = dhs[r * HP + j0 + q];
+          for (int a = 0; a < MaxIPT; ++a) {
+            if (a < IPT) {
+              const Scalar xv = xs[r * NI + i0 + a];
+              for (int q = 0; q < TJ; ++q) acc[a][q] += xv * d[q];
+            }
+          }
+        }
+        for (int a = 0; a < MaxIPT; ++a) {
+          if (a < IPT) {
+            for (int q = 0; q < TJ; ++q) acc_w0[(i0 + a) * HP + j0 + q] = acc[a][q];
+          }
+        }
+        if (ig == 0) {
+          for (int q = 0; q < TJ; ++q) {
+            Scalar v = acc_b0[j0 + q];
+            for (int r = 0; r < n; ++r) v += dhs[r * HP + j0 + q];
+            acc_b0[j0 + q] = v;
+          }
+        } else if (ig == 1) {
+          for (int q = 0; q < TJ; ++q) {
+            for (int o = 0; o < NO; ++o) {
+              Scalar v = acc_w1[(j0 + q) * NO + o];
+              for (int r = 0; r < n; ++r) v += hs[r * HP + j0 + q] * ds[r * NO + o];
+              acc_w1[(j0 + q) * NO + o] = v;
+            }
+          }
+        }
+      });
+      team.team_barrier();
+    }
+
+    // The block's partial sums, in the parameter layout (plus the sum of squared residuals).
+    Scalar* const out = partials + b * ld;
+    each(team, NI * HP, [&](int e) {
+      const int i = e / HP, j = e % HP;
+      if (i < n_in && j < H) out[w0off + i * H + j] = acc_w0[e];
+    });
+    each(team, HP, [&](int j) {
+      if (j < H) out[b0off + j] = acc_b0[j];
+    });
+    each(team, HP * NO, [&](int e) {
+      if (e / NO < H) out[w1off + e] = acc_w1[e];
+    });
+    each(team, NO + 1, [&](int o) {
+      if (o < NO) {
+        out[b1off + o] = acc_b1[o];
+      } else {
+        out[loss_col] = acc_loss[0];
+      }
+    });
+  }
+
+  KOKKOS_INLINE_FUNCTION std::size_t scratch_bytes() const { return sizeof(Scalar) * fused_scratch_elems(NI, HP, C, NO); }
+};
+
+}  // namespace detail
+}  // namespace dpmlp
