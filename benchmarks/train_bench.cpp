@@ -3,7 +3,8 @@
 //
 //   mpirun -np <ranks> train_bench [--rows N] [--hidden H] [--steps S] [--repeats R] [--warmup S]
 //                                  [--comm nccl|mpi] [--reduction reproducible|fast] [--block-rows B]
-//                                  [--no-check] [--graph] [--allow-cpu-devices]
+//                                  [--engine automatic|fused|layered] [--no-check] [--graph]
+//                                  [--allow-cpu-devices]
 //
 // Prints one JSON line (rank 0): the configuration, every repeat's time for `steps` steps (a fresh trainer
 // each repeat, the same initial parameters; after a warm-up run), their median, and the check: the loss
@@ -29,6 +30,7 @@ struct Options {
   double rate = 0.02;
   std::string comm = dpmlp::default_communicator_t<ExecSpace>::name();
   std::string reduction = "reproducible";
+  dpmlp::Engine engine = dpmlp::Engine::automatic;
   bool check = true, allow_cpu = false, graph = false;
 };
 
@@ -50,6 +52,7 @@ Options parse(int argc, char* argv[]) {
     else if (a == "--block-rows") o.block_rows = std::stoll(next());
     else if (a == "--comm") o.comm = next();
     else if (a == "--reduction") o.reduction = next();
+    else if (a == "--engine") o.engine = dpmlp::engine_from_name(next());
     else if (a == "--no-check") o.check = false;
     else if (a == "--graph") o.graph = true;
     else if (a == "--allow-cpu-devices") o.allow_cpu = true;
@@ -67,6 +70,7 @@ struct Timing {
   dpmlp::TrainResult last;
   std::vector<float> params;
   double prep_ms = 0;
+  dpmlp::Engine engine = dpmlp::Engine::layered;
 };
 
 template <class Comm>
@@ -76,6 +80,7 @@ Timing time_runs(MPI_Comm comm, const Options& o, int repeats, int warmup) {
   topt.reduction = o.reduction == "fast" ? dpmlp::Reduction::fast : dpmlp::Reduction::reproducible;
   topt.block_rows = o.block_rows;
   topt.cuda_graph = o.graph;
+  topt.engine = o.engine;
   const dpmlp::Sgd sgd(o.rate);
   dpmlp::Mlp<float, Memory> initial({features, o.hidden, 1});
   initial.init_jax(dpmlp::random::PRNGKey(1), 0.1f);
@@ -86,6 +91,7 @@ Timing time_runs(MPI_Comm comm, const Options& o, int repeats, int warmup) {
   dpmlp::DataParallelTrainer<ExecSpace, Comm> first(comm, model, o.rows, sgd, topt);
   const auto data = seed::make(space, first.shard(), o.cols);
   t.prep_ms = data.prep_ms;
+  t.engine = first.engine();
   first.set_data(data.x, data.y);
   if (warmup > 0) first.train(warmup);
   for (int r = 0; r < repeats; ++r) {
@@ -141,10 +147,11 @@ int bench(const Options& o) {
   if (rank == 0) {
     std::printf("{\"bench\": \"dpmlp_train\", \"rows\": %lld, \"hidden\": %d, \"features\": %d, \"steps\": %d, "
                 "\"ranks\": %d, \"devices\": %d, \"platform\": \"%s\", \"space\": \"%s\", \"comm\": \"%s\", "
-                "\"reduction\": \"%s\", \"gemm\": \"%s\", \"graph\": %s, \"repeats\": %d, \"warmup_steps\": %d, \"times_ms\": [",
+                "\"reduction\": \"%s\", \"engine\": \"%s\", \"gemm\": \"%s\", \"graph\": %s, \"repeats\": %d, \"warmup_steps\": %d, \"times_ms\": [",
                 static_cast<long long>(o.rows), o.hidden, dpmlp::Standardizer::features(o.cols), o.steps, size,
                 devices, dpmlp::platform_name<ExecSpace>(), ExecSpace::name(), Comm::name(), o.reduction.c_str(),
-                dpmlp::linalg::backend_name(dpmlp::linalg::default_backend<ExecSpace>(o.reduction == "reproducible")),
+                dpmlp::engine_name(multi.engine),
+                multi.engine == dpmlp::Engine::fused ? "none" : dpmlp::linalg::backend_name(dpmlp::linalg::default_backend<ExecSpace>(o.reduction == "reproducible")),
                 o.graph ? "true" : "false", o.repeats, o.warmup);
     for (std::size_t i = 0; i < multi.ms.size(); ++i) std::printf("%s%.3f", i ? ", " : "", multi.ms[i]);
     std::printf("], \"median_ms\": %.3f, \"prep_ms\": %.3f, \"first_loss\": %.6f, \"last_loss\": %.6f, "

@@ -4,7 +4,8 @@
 //
 //   mpirun -np <gpus> multi_gpu_train [--allow-cpu-devices] [--rows N] [--hidden H] [--steps S] [--rate R]
 //                                     [--comm mpi|nccl] [--reduction reproducible|fast] [--block-rows B]
-//                                     [--warmup S] [--graph] [--allow-single-cpu-device]
+//                                     [--warmup S] [--graph] [--engine automatic|fused|layered]
+//                                     [--allow-single-cpu-device]
 //
 // --graph: on CUDA with NCCL, capture one step as a CUDA graph and replay it (TrainerOptions::cuda_graph).
 //
@@ -38,6 +39,7 @@ struct Options {
   double rate = 0.02;
   std::string comm = dpmlp::default_communicator_t<ExecSpace>::name();
   std::string reduction = "reproducible";
+  dpmlp::Engine engine = dpmlp::Engine::automatic;
   std::int64_t block_rows = 0;
 };
 
@@ -72,6 +74,7 @@ Options parse(int argc, char* argv[]) {
       if (end == text.c_str() || *end != '\0') throw dpmlp::InputError("--rate: not a number: '" + text + "'");
     } else if (a == "--comm") o.comm = value(i);
     else if (a == "--reduction") o.reduction = value(i);
+    else if (a == "--engine") o.engine = dpmlp::engine_from_name(value(i));
     else throw dpmlp::InputError("unknown option '" + a + "' (see the comment at the top of multi_gpu_train.cpp)");
   }
   if (o.rows <= 0) throw dpmlp::InputError("--rows must be positive");
@@ -88,6 +91,7 @@ Options parse(int argc, char* argv[]) {
 
 struct RunResult {
   dpmlp::TrainResult losses;
+  dpmlp::Engine engine = dpmlp::Engine::layered;  // the one the trainer chose
   double prep_ms = 0, train_ms = 0, checksum = 0;
   std::vector<float> params;
 };
@@ -105,6 +109,7 @@ RunResult run(MPI_Comm comm, const Options& o, bool timed) {
   topt.reduction = o.reduction == "fast" ? dpmlp::Reduction::fast : dpmlp::Reduction::reproducible;
   topt.block_rows = o.block_rows;
   topt.cuda_graph = o.graph;
+  topt.engine = o.engine;
   dpmlp::DataParallelTrainer<ExecSpace, Comm> trainer(comm, model, o.rows, sgd, topt);
   ExecSpace space;
 
@@ -112,6 +117,7 @@ RunResult run(MPI_Comm comm, const Options& o, bool timed) {
   MPI_Barrier(comm);
   const auto data = seed::make(space, trainer.shard(), o.cols);
   result.prep_ms = data.prep_ms;
+  result.engine = trainer.engine();
   result.checksum = dpmlp::reproducible_row_sum(space, trainer.communicator(), trainer.plan(), data.row_sums)[0];
   const auto& x = data.x;
   const auto& y = data.y;
@@ -175,10 +181,14 @@ int main_with(const Options& o) {
                   "NOT a hardware pass.\n");
     }
     std::printf("# native prep: %s\n", ExecSpace::name());
-    std::printf("# comm: %s, reduction: %s, gemm: %s, cuda graph: %s, ranks: %d\n", Comm::name(), o.reduction.c_str(),
-                dpmlp::linalg::backend_name(
-                    dpmlp::linalg::default_backend<ExecSpace>(o.reduction == "reproducible")),
-                o.graph ? "requested" : "off", size);
+    const std::string engine =
+        multi.engine == dpmlp::Engine::fused
+            ? std::string("fused")
+            : std::string("layered (gemm: ") +
+                  dpmlp::linalg::backend_name(dpmlp::linalg::default_backend<ExecSpace>(o.reduction == "reproducible")) +
+                  ")";
+    std::printf("# comm: %s, reduction: %s, engine: %s, cuda graph: %s, ranks: %d\n", Comm::name(),
+                o.reduction.c_str(), engine.c_str(), o.graph ? "requested" : "off", size);
     std::printf("prep %8.1f ms checksum=%.6f\n", multi.prep_ms, multi.checksum);
     std::printf("train %8.1f ms loss %.4f -> %.4f\n", multi.train_ms, first, last);
     std::printf("# train time: %d steps, steady state (first-launch costs taken by a %d-step warm-up run)\n",

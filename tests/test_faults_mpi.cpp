@@ -199,6 +199,13 @@ TEST_CASE("shape mismatches on one rank are refused on every rank", "[mpi][fault
     check_thrown_everywhere(outcome_of([&] { trainer.set_data(d.x, y2); }), "InputError",
                             {"rank 0: ", "y is " + rows + "x2, expected " + rows + "x1"});
   }
+  SECTION("x is a column subview of a wider array (rows not contiguous)") {
+    const Matrix wide("wide", s.rows(), kInputs + 3);
+    const Data d = make_data(s);
+    const auto cols = Kokkos::subview(wide, Kokkos::ALL, std::make_pair(1, 1 + kInputs));
+    check_thrown_everywhere(outcome_of([&] { trainer.set_data(cols, d.y); }), "InputError",
+                            {"rank 0: ", "x is not contiguous (its rows are 11 elements apart, not 8"});
+  }
   SECTION("no rows given (an empty x on a rank that owns rows)") {
     const Data d = make_data(s, 1.0f, kInputs, is_last ? 0 : -1, is_last ? 0 : -1);
     check_thrown_everywhere(outcome_of([&] { trainer.set_data(d.x, d.y); }), "InputError",

@@ -316,23 +316,21 @@ class DataParallelTrainer {
   void step() {
     const Scalar inv = Scalar(1.0 / (static_cast<double>(global_rows_) * model_.outputs()));
     engine_.compute(space_, x_, y_, inv);
-    const auto total = reducer_.reduce(space_, engine_.partials(), comm_);
     const auto params = model_.params();
     const auto losses = losses_;
     const auto state = state_;
     const std::int64_t P = static_cast<std::int64_t>(model_.num_params());
     const auto index = loss_index_;
     const auto update = optimizer_.template step<Scalar>(steps_done_ + 1 + host_steps_enqueued_++);
-    Kokkos::parallel_for(
-        "dpmlp::optimizer_update", Kokkos::RangePolicy<ExecSpace>(space_, 0, P + 1),
-        KOKKOS_LAMBDA(const std::int64_t i) {
-          if (i < P) {
-            update(i, P, params.data(), total(i), state.data());
-          } else {
-            losses(index()) = total(P) * inv;
-            index() += 1;
-          }
-        });
+    // The optimizer update runs in the reduction's last kernel, column by column.
+    reducer_.reduce_apply(space_, engine_.partials(), comm_, KOKKOS_LAMBDA(const std::int64_t i, const Scalar total) {
+      if (i < P) {
+        update(i, P, params.data(), total, state.data());
+      } else {
+        losses(index()) = total * inv;
+        index() += 1;
+      }
+    });
   }
 
   void sync_parameters() {
@@ -363,6 +361,15 @@ class DataParallelTrainer {
     if (y.extent(0) != rows || y.extent(1) != static_cast<std::size_t>(model_.outputs())) {
       return "dpmlp::DataParallelTrainer::set_data: y is " + shape(y) + ", expected " + std::to_string(rows) + "x" +
              std::to_string(model_.outputs()) + " (this rank's shard rows x model outputs)";
+    }
+    // The engines read rows at a stride of the row length: a View of some columns of a wider array (a
+    // column subview) has longer rows and would be misread. It needs a copy, which the caller makes.
+    for (const auto* v : {&x, &y}) {
+      if (v->extent(0) > 1 && v->stride(0) != v->extent(1)) {
+        return std::string("dpmlp::DataParallelTrainer::set_data: ") + (v == &x ? "x" : "y") +
+               " is not contiguous (its rows are " + std::to_string(v->stride(0)) + " elements apart, not " +
+               std::to_string(v->extent(1)) + ": a subview of some columns?); deep_copy it into a View of its own";
+      }
     }
     return {};
   }

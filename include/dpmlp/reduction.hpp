@@ -218,18 +218,28 @@ class BlockTreeReducer {
   // collective) has run. With a host-synchronous communicator the collective has completed on return.
   template <class Comm>
   vector reduce(const ExecSpace& space, const matrix& partials, const Comm& comm) const {
-    reduce_local(space, partials);
-    if (plan_.size() == 1) return Kokkos::subview(send_, 0, Kokkos::ALL);
-    if (mode_ == Reduction::fast) {
-      vector total = Kokkos::subview(send_, 0, Kokkos::ALL);
-      comm.allreduce_sum(space, total);
-      return total;
-    }
-    vector send(send_.data(), send_.span());
-    comm.allgather(space, send, gathered_);
-    combine(space);
-    return Kokkos::subview(values_, plan_.root(), Kokkos::ALL);
+    reduce_apply(space, partials, comm, NoApply{});
+    return uses_tree() ? Kokkos::subview(values_, plan_.root(), Kokkos::ALL) : Kokkos::subview(send_, 0, Kokkos::ALL);
   }
+
+  // As reduce, then f(p, total_p) for every column p, in the same kernel as the tree's last combine (one
+  // launch fewer a step: the trainer applies its optimizer update here). f is a device functor.
+  template <class Comm, class F>
+  void reduce_apply(const ExecSpace& space, const matrix& partials, const Comm& comm, const F& f) const {
+    reduce_local(space, partials);
+    if (uses_tree()) {
+      comm.allgather(space, vector(send_.data(), send_.span()), gathered_);
+    } else if (plan_.size() > 1) {
+      comm.allreduce_sum(space, vector(Kokkos::subview(send_, 0, Kokkos::ALL)));
+    }
+    combine_apply(space, f);
+  }
+
+  bool uses_tree() const { return plan_.size() > 1 && mode_ == Reduction::reproducible; }
+
+  struct NoApply {
+    KOKKOS_INLINE_FUNCTION void operator()(std::int64_t, Scalar) const {}
+  };
 
  // Public only because CUDA's extended lambdas may not live in private member functions.
   // Sums each local subtree in the canonical shape, in place, then stages the subtree sums in send_ (unused
@@ -278,14 +288,21 @@ class BlockTreeReducer {
         });
   }
 
-  void combine(const ExecSpace& space) const {
+  // Runs the combine program (the tree above the ranks' subtrees) column by column, then f(p, total_p).
+  template <class F>
+  void combine_apply(const ExecSpace& space, const F& f) const {
+    if (std::is_same<F, NoApply>::value && !uses_tree()) return;
     const auto V = values_;
     const auto prog = program_;
-    const int steps = static_cast<int>(program_.extent(0));
+    const auto send = send_;
+    const bool tree = uses_tree();
+    const int steps = tree ? static_cast<int>(program_.extent(0)) : 0;
+    const int root = plan_.root();
     Kokkos::parallel_for(
         "dpmlp::tree_combine", Kokkos::RangePolicy<ExecSpace>(space, 0, width_),
         KOKKOS_LAMBDA(const std::int64_t p) {
           for (int s = 0; s < steps; ++s) V(prog(s, 0), p) = V(prog(s, 1), p) + V(prog(s, 2), p);
+          f(p, tree ? V(root, p) : send(0, p));
         });
   }
 

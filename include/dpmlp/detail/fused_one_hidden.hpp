@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "dpmlp/activation.hpp"
+#include "dpmlp/errors.hpp"
 #include "dpmlp/kokkos_compat.hpp"
 
 namespace dpmlp {
@@ -39,6 +40,14 @@ inline const char* engine_name(Engine e) {
     case Engine::layered: return "layered";
   }
   return "?";
+}
+
+// "automatic", "fused" or "layered" -> the Engine; anything else -> InputError.
+inline Engine engine_from_name(const std::string& name) {
+  for (Engine e : {Engine::automatic, Engine::fused, Engine::layered}) {
+    if (name == engine_name(e)) return e;
+  }
+  throw InputError("unknown engine '" + name + "' (automatic, fused or layered)");
 }
 
 namespace detail {
