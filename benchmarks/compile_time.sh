@@ -40,8 +40,9 @@ MPI_FLAGS="$(mpicxx --showme:compile 2>/dev/null || true)"
 [ -n "$MPI_FLAGS" ] || { echo "mpicxx --showme:compile gave nothing (OpenMPI's mpicxx needed)" >&2; exit 1; }
 
 # shellcheck disable=SC2206
+# OMPI_SKIP_MPICXX / MPICH_SKIP_MPICXX: the dpmlp::dpmlp target's INTERFACE definitions (a CMake user gets them).
 FLAGS=(-O2 -std=c++17 -I"$ROOT/include" -isystem "$KOKKOS_INCLUDE" $MPI_FLAGS -isystem "$EIGEN_INCLUDE"
-       ${CXXFLAGS_EXTRA:-})
+       -DOMPI_SKIP_MPICXX=1 -DMPICH_SKIP_MPICXX=1 ${CXXFLAGS_EXTRA:-})
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/dpmlp_compile_time.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT

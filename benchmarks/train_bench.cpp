@@ -4,7 +4,12 @@
 //   mpirun -np <ranks> train_bench [--rows N] [--hidden H] [--steps S] [--repeats R] [--warmup S]
 //                                  [--comm nccl|mpi] [--reduction reproducible|fast] [--block-rows B]
 //                                  [--engine automatic|fused|layered] [--no-check] [--graph]
-//                                  [--allow-cpu-devices]
+//                                  [--allow-cpu-devices] [--breakdown]
+//
+// --breakdown: instead, where a step's time goes on this rank count, one JSON line: microseconds per call
+// of the block engine, the local tree reduction, the whole reduction (local + collective + combine), the
+// combine kernel, a training step (plain and, where supported, replayed as a CUDA graph), and an empty
+// kernel launch; each the mean of back-to-back calls on the stream, fenced once at the end.
 //
 // Prints one JSON line (rank 0): the configuration, every repeat's time for `steps` steps (a fresh trainer
 // each repeat, the same initial parameters; after a warm-up run), their median, and the check: the loss
@@ -31,7 +36,7 @@ struct Options {
   std::string comm = dpmlp::default_communicator_t<ExecSpace>::name();
   std::string reduction = "reproducible";
   dpmlp::Engine engine = dpmlp::Engine::automatic;
-  bool check = true, allow_cpu = false, graph = false;
+  bool check = true, allow_cpu = false, graph = false, breakdown = false;
 };
 
 Options parse(int argc, char* argv[]) {
@@ -54,6 +59,7 @@ Options parse(int argc, char* argv[]) {
     else if (a == "--reduction") o.reduction = next();
     else if (a == "--engine") o.engine = dpmlp::engine_from_name(next());
     else if (a == "--no-check") o.check = false;
+    else if (a == "--breakdown") o.breakdown = true;
     else if (a == "--graph") o.graph = true;
     else if (a == "--allow-cpu-devices") o.allow_cpu = true;
     else throw dpmlp::InputError("unknown option '" + a + "'");
@@ -163,6 +169,73 @@ int bench(const Options& o) {
   return pass ? 0 : 1;
 }
 
+template <class Comm>
+int breakdown(const Options& o) {
+  MPI_Comm comm = MPI_COMM_WORLD;
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const int features = dpmlp::Standardizer::features(o.cols);
+  dpmlp::TrainerOptions topt;
+  topt.reduction = o.reduction == "fast" ? dpmlp::Reduction::fast : dpmlp::Reduction::reproducible;
+  topt.block_rows = o.block_rows;
+  topt.engine = o.engine;
+  const dpmlp::Sgd sgd(o.rate);
+  dpmlp::Mlp<float, Memory> model({features, o.hidden, 1});
+  model.init_jax(dpmlp::random::PRNGKey(1), 0.1f);
+  ExecSpace space;
+  dpmlp::DataParallelTrainer<ExecSpace, Comm> trainer(comm, model, o.rows, sgd, topt);
+  const auto data = seed::make(space, trainer.shard(), o.cols);
+  trainer.set_data(data.x, data.y);
+  dpmlp::detail::BlockEngine<ExecSpace, float> engine(model, trainer.shard().rows(), trainer.block_rows(),
+                                                      trainer.gemm_backend(), trainer.engine());
+  dpmlp::BlockTreeReducer<ExecSpace, float> reducer(trainer.plan(), engine.width(), topt.reduction);
+  const int n = std::max(o.steps, 20);
+  auto per_call_us = [&](auto&& f) {
+    f();
+    space.fence();
+    MPI_Barrier(comm);
+    const double t0 = seed::now_ms();
+    for (int i = 0; i < n; ++i) f();
+    space.fence();
+    MPI_Barrier(comm);
+    return (seed::now_ms() - t0) * 1000.0 / n;
+  };
+  const double engine_us = per_call_us([&] { engine.compute(space, data.x, data.y, 1e-5f); });
+  const double local_us = per_call_us([&] { reducer.reduce_local(space, engine.partials()); });
+  const double reduce_us = per_call_us([&] { reducer.reduce(space, engine.partials(), trainer.communicator()); });
+  const double combine_us = per_call_us([&] { reducer.combine_apply(space, [] KOKKOS_FUNCTION(std::int64_t, float) {}); });
+  const double empty_us = per_call_us([&] {
+    Kokkos::parallel_for("dpmlp::bench::empty", Kokkos::RangePolicy<ExecSpace>(space, 0, 1),
+                         KOKKOS_LAMBDA(const int) {});
+  });
+  auto step_us = [&](bool graph) {
+    topt.cuda_graph = graph;
+    auto m = model.clone();
+    dpmlp::DataParallelTrainer<ExecSpace, Comm> t(comm, m, o.rows, sgd, topt);
+    t.set_data(data.x, data.y);
+    t.train(5);
+    MPI_Barrier(comm);
+    const double t0 = seed::now_ms();
+    t.train(n);
+    MPI_Barrier(comm);
+    return (seed::now_ms() - t0) * 1000.0 / n;
+  };
+  const double plain_us = step_us(false), graph_us = step_us(true);
+  if (rank == 0) {
+    std::printf("{\"bench\": \"dpmlp_breakdown\", \"rows\": %lld, \"hidden\": %d, \"ranks\": %d, \"comm\": \"%s\", "
+                "\"reduction\": \"%s\", \"engine\": \"%s\", \"local_blocks\": %lld, \"width\": %lld, \"calls\": %d, "
+                "\"engine_us\": %.2f, \"reduce_local_us\": %.2f, \"reduce_us\": %.2f, \"combine_us\": %.2f, "
+                "\"empty_launch_us\": %.2f, \"step_us\": %.2f, \"graph_step_us\": %.2f}\n",
+                static_cast<long long>(o.rows), o.hidden, size, Comm::name(), o.reduction.c_str(),
+                dpmlp::engine_name(trainer.engine()), static_cast<long long>(trainer.shard().local_blocks()),
+                static_cast<long long>(engine.width()), n, engine_us, local_us, reduce_us, combine_us, empty_us,
+                plain_us, graph_us);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char* argv[]) {
@@ -173,11 +246,11 @@ int main(int argc, char* argv[]) {
     Options o;
     dpmlp::all_or_none(MPI_COMM_WORLD, [&] { o = parse(argc, argv); });
     if (o.comm == "mpi") {
-      code = bench<dpmlp::MpiCommunicator>(o);
+      code = o.breakdown ? breakdown<dpmlp::MpiCommunicator>(o) : bench<dpmlp::MpiCommunicator>(o);
     }
 #if defined(DPMLP_HAS_NCCL_COMMUNICATOR)
     else if (o.comm == "nccl") {
-      code = bench<dpmlp::NcclCommunicator>(o);
+      code = o.breakdown ? breakdown<dpmlp::NcclCommunicator>(o) : bench<dpmlp::NcclCommunicator>(o);
     }
 #endif
     else {

@@ -199,11 +199,17 @@ class BlockEngine {
     if (requested == Engine::layered) return requested;
     std::string why = fused_one_hidden_unsupported(model.widths());
     if (why.empty()) {
-      const FusedLayout lay(model.inputs(), model.widths()[1], model.outputs());
-      const std::size_t bytes = sizeof(Scalar) * lay.scratch_elems;
-      if (fused_scratch_level(bytes) < 0) {
-        why = "the fused engine needs " + std::to_string(bytes) + " bytes of team scratch, the space offers " +
-              std::to_string(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(0));
+      const FusedLayout lay = fused_layout(model);
+      if (!lay.fits) {
+        why = "the fused engine's team scratch for " + std::to_string(model.widths()[1]) +
+              " hidden units does not fit the space's " + std::to_string(max_scratch_bytes()) + " bytes";
+      } else if (!is_host_space<ExecSpace>()) {
+        // A device team must run all 256 logical threads at once (their accumulators are registers).
+        const int most = model.inputs() <= 32 ? fused_team_size_max<32>(model) : fused_team_size_max<64>(model);
+        if (most < FusedLayout::T) {
+          why = "the fused kernel needs teams of " + std::to_string(FusedLayout::T) + " threads, the space allows " +
+                std::to_string(most);
+        }
       }
     }
     if (requested == Engine::fused) {
@@ -215,14 +221,56 @@ class BlockEngine {
 
   Engine engine() const { return fused_ ? Engine::fused : Engine::layered; }
 
-  // The team scratch level for the fused kernel: 0 (shared memory on a GPU) if it fits; on a host space,
-  // where both levels are plain memory, 1 if only that fits; -1 if neither.
-  static int fused_scratch_level(std::size_t bytes) {
+  // Team scratch: level 0 (shared memory on a GPU); host spaces, where both levels are plain memory, may
+  // also use level 1, which is larger.
+  static std::size_t max_scratch_bytes() {
     using policy = Kokkos::TeamPolicy<ExecSpace>;
-    if (bytes <= static_cast<std::size_t>(policy::scratch_size_max(0))) return 0;
-    if (is_host_space<ExecSpace>() && bytes <= static_cast<std::size_t>(policy::scratch_size_max(1))) return 1;
-    return -1;
+    const auto l0 = static_cast<std::size_t>(policy::scratch_size_max(0));
+    const auto l1 = static_cast<std::size_t>(policy::scratch_size_max(1));
+    return is_host_space<ExecSpace>() && l1 > l0 ? l1 : l0;
   }
+  static FusedLayout fused_layout(const Mlp<Scalar, memory_space>& model) {
+    return FusedLayout(model.inputs(), model.widths()[1], model.outputs(), is_host_space<ExecSpace>(),
+                       max_scratch_bytes(), sizeof(Scalar));
+  }
+
+  template <int NI>
+  using fused_kernel = FusedOneHiddenKernel<ExecSpace, Scalar, NI, is_host_space<ExecSpace>()>;
+
+  template <int NI>
+  static fused_kernel<NI> make_fused_kernel(const Mlp<Scalar, memory_space>& model, const FusedLayout& lay) {
+    using kernel_t = fused_kernel<NI>;
+    kernel_t k{};
+    k.ld = static_cast<std::int64_t>(model.num_params()) + 1;
+    k.n_in = model.inputs();
+    k.H = model.widths()[1];
+    k.NO = model.outputs();
+    k.HP = lay.hp;
+    k.NJ = lay.hp / kernel_t::TJ;
+    k.C = lay.chunk;
+    k.TR = lay.chunk * k.NJ / kernel_t::T;
+    k.IPT = NI * k.NJ / kernel_t::T;
+    k.w0_shared = lay.w0_shared;
+    k.w0off = static_cast<std::int64_t>(model.weight_offset(0));
+    k.b0off = static_cast<std::int64_t>(model.bias_offset(0));
+    k.w1off = static_cast<std::int64_t>(model.weight_offset(1));
+    k.b1off = static_cast<std::int64_t>(model.bias_offset(1));
+    k.loss_col = k.ld - 1;
+    k.act = model.activation();
+    k.params = model.params().data();
+    const std::size_t l0 = static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(0));
+    k.level = k.scratch_bytes() <= l0 ? 0 : 1;
+    return k;
+  }
+
+  template <int NI>
+  static int fused_team_size_max(const Mlp<Scalar, memory_space>& model) {
+    auto k = make_fused_kernel<NI>(model, fused_layout(model));
+    typename fused_kernel<NI>::policy policy(1, 1);
+    policy.set_scratch_size(k.level, Kokkos::PerTeam(k.scratch_bytes()));
+    return policy.team_size_max(k, Kokkos::ParallelForTag());
+  }
+
   std::int64_t width() const { return width_; }
   std::int64_t blocks() const { return blocks_; }
   const matrix& partials() const { return partials_; }
@@ -343,35 +391,17 @@ class BlockEngine {
 
   template <int NI>
   void compute_fused(const ExecSpace& space, const const_matrix& x, const const_matrix& y, Scalar scale) const {
-    using kernel_t = FusedOneHiddenKernel<ExecSpace, Scalar, NI>;
-    const FusedLayout lay(model_.inputs(), model_.widths()[1], model_.outputs());
-    kernel_t k;
+    using kernel_t = fused_kernel<NI>;
+    auto k = make_fused_kernel<NI>(model_, fused_layout(model_));
     k.x = x.data();
     k.y = y.data();
-    k.params = model_.params().data();
     k.partials = partials_.data();
-    k.ld = width_;
     k.rows = rows_;
     k.block = block_;
-    k.n_in = model_.inputs();
-    k.H = model_.widths()[1];
-    k.NO = model_.outputs();
-    k.HP = lay.hp;
-    k.NJ = lay.hp / kernel_t::TJ;
-    k.C = lay.chunk;
-    k.TR = lay.chunk * k.NJ / kernel_t::T;
-    k.IPT = NI * k.NJ / kernel_t::T;
-    k.w0off = static_cast<std::int64_t>(model_.weight_offset(0));
-    k.b0off = static_cast<std::int64_t>(model_.bias_offset(0));
-    k.w1off = static_cast<std::int64_t>(model_.weight_offset(1));
-    k.b1off = static_cast<std::int64_t>(model_.bias_offset(1));
-    k.loss_col = width_ - 1;
     k.scale = scale;
-    k.act = model_.activation();
     // A device team runs the 256 logical threads at once; a host team of one loops over them.
     const int team = is_host_space<ExecSpace>() ? 1 : kernel_t::T;
     auto policy = typename kernel_t::policy(space, static_cast<int>(blocks_), team);
-    k.level = fused_scratch_level(k.scratch_bytes());
     policy.set_scratch_size(k.level, Kokkos::PerTeam(k.scratch_bytes()));
     Kokkos::parallel_for("dpmlp::fused_one_hidden", policy, k);
   }

@@ -52,26 +52,48 @@ inline Engine engine_from_name(const std::string& name) {
 
 namespace detail {
 
-// Team scratch, in elements: w0s, b0s, w1s, b1s(4) | xs, ys, ds, sqs | hs, dhs | accumulators w0, b0, w1,
-// b1, loss. The kernel carves it in this order.
-KOKKOS_INLINE_FUNCTION std::size_t fused_scratch_elems(int ni, int hp, int chunk, int no) {
+// Team scratch, in elements, in the order the kernel carves it:
+//   [w0s NI*HP] b0s HP | w1s HP*NO | b1s 4 | xs C*NI | ys, ds, sqs 3*C*NO | hs, dhs 2*C*HP |
+//   [accumulators w0 NI*HP, b0 HP, w1 HP*NO] | b1 NO | loss 1
+// w0s: W0 zero-padded, when it fits (else W0 is read from global memory). The bracketed accumulators live
+// in scratch only on host spaces, where one thread runs all 256 logical threads in turn; on a GPU each
+// thread is one logical thread and keeps its accumulators in registers for the whole block.
+KOKKOS_INLINE_FUNCTION std::size_t fused_scratch_elems(int ni, int hp, int chunk, int no, bool w0_shared,
+                                                       bool acc_shared) {
   const std::size_t NI = ni, HP = hp, C = chunk, NO = no;
-  return NI * HP + HP + HP * NO + 4 + C * NI + 3 * C * NO + 2 * C * HP + NI * HP + HP + HP * NO + NO + 1;
+  return (w0_shared ? NI * HP : 0) + HP + HP * NO + 4 + C * NI + 3 * C * NO + 2 * C * HP +
+         (acc_shared ? NI * HP + HP + HP * NO : 0) + NO + 1;
 }
 
+// The kernel's shape for a model: tiers, chunk and what lives in scratch, chosen to fit `max_bytes`.
 struct FusedLayout {
-  int ni = 32;     // padded inputs (the kernel's compile-time tier: 32 or 64)
-  int hp = 32;     // padded hidden units: a power of two in [32, 256]
-  int chunk = 32;  // rows a team holds at once
+  static constexpr int T = 256;  // logical threads a team
+  int ni = 32;                   // padded inputs (the kernel's compile-time tier: 32 or 64)
+  int hp = 32;                   // padded hidden units: a power of two in [32, 256]
+  int chunk = 32;                // rows a team holds at once
+  bool w0_shared = true, acc_shared = true, fits = false;
   std::size_t scratch_elems = 0;
 
   FusedLayout() = default;
-  FusedLayout(int inputs, int hidden, int outputs) {
+  FusedLayout(int inputs, int hidden, int outputs, bool accumulators_in_scratch, std::size_t max_bytes,
+              std::size_t scalar_bytes)
+      : acc_shared(accumulators_in_scratch) {
     ni = inputs <= 32 ? 32 : 64;
-    hp = 32;
     while (hp < hidden) hp *= 2;
-    chunk = hp <= 64 ? 32 : 16;
-    scratch_elems = fused_scratch_elems(ni, hp, chunk, outputs);
+    // A chunk must give every logical thread 1 to 4 rows in the forward mapping: T/(hp/4) <= chunk <= 4T/(hp/4).
+    for (int c : {32, 16, 8}) {
+      if (c * hp < 4 * T || c * hp > 16 * T) continue;
+      for (bool w0 : {true, false}) {
+        const std::size_t elems = fused_scratch_elems(ni, hp, c, outputs, w0, acc_shared);
+        if (elems * scalar_bytes <= max_bytes) {
+          chunk = c;
+          w0_shared = w0;
+          scratch_elems = elems;
+          fits = true;
+          return;
+        }
+      }
+    }
   }
 };
 
@@ -84,12 +106,15 @@ inline std::string fused_one_hidden_unsupported(const std::vector<int>& widths) 
   return {};
 }
 
-template <class ExecSpace, class Scalar, int NI>
+// AccShared: the weight-gradient accumulators live in team scratch (host spaces) or in registers (device
+// spaces, where the team has exactly T threads).
+template <class ExecSpace, class Scalar, int NI, bool AccShared>
 struct FusedOneHiddenKernel {
-  static constexpr int T = 256;  // logical threads a team
-  static constexpr int TJ = 4;   // hidden units a logical thread owns
+  static constexpr int T = FusedLayout::T;
+  static constexpr int TJ = 4;  // hidden units a logical thread owns
   static constexpr int MaxTR = 4;
   static constexpr int MaxIPT = NI / 4;  // inputs a logical thread owns in the weight-gradient phase
+  static constexpr int MaxOut = 4;
   using policy = Kokkos::TeamPolicy<ExecSpace, Kokkos::LaunchBounds<T, 1>>;
   using member = typename policy::member_type;
 
@@ -99,7 +124,8 @@ struct FusedOneHiddenKernel {
   Scalar* partials;  // blocks x ld
   std::int64_t ld, rows, block;
   int n_in, H, NO, HP, NJ, C, TR, IPT;
-  int level;  // team scratch level
+  int level;       // team scratch level
+  bool w0_shared;  // W0 in scratch (else read from global memory)
   std::int64_t w0off, b0off, w1off, b1off, loss_col;
   Scalar scale;
   Activation act;
@@ -109,13 +135,85 @@ struct FusedOneHiddenKernel {
     for (int t = team.team_rank(); t < n; t += team.team_size()) f(t);
   }
 
+  KOKKOS_INLINE_FUNCTION std::size_t scratch_bytes() const {
+    return sizeof(Scalar) * fused_scratch_elems(NI, HP, C, NO, w0_shared, AccShared);
+  }
+
+  // Logical thread t's share of one chunk's weight gradients: (input group ig, hidden tile jt) owns
+  // IPT x 4 entries of dW0 and adds the chunk's rows in order; groups 0 and 1 also own db0 and dW1 for
+  // their 4 units.
+  KOKKOS_INLINE_FUNCTION void accumulate(int t, int n, const Scalar* xs, const Scalar* hs, const Scalar* dhs,
+                                         const Scalar* ds, Scalar (&acc)[MaxIPT][TJ], Scalar (&ab0)[TJ],
+                                         Scalar (&aw1)[TJ][MaxOut]) const {
+    const int jt = t % NJ, ig = t / NJ, j0 = jt * TJ, i0 = ig * IPT;
+    for (int r = 0; r < n; ++r) {
+      Scalar d[TJ];
+      for (int q = 0; q < TJ; ++q) d[q] = dhs[r * HP + j0 + q];
+      for (int a = 0; a < MaxIPT; ++a) {
+        if (a < IPT) {
+          const Scalar xv = xs[r * NI + i0 + a];
+          for (int q = 0; q < TJ; ++q) acc[a][q] += xv * d[q];
+        }
+      }
+    }
+    if (ig == 0) {
+      for (int q = 0; q < TJ; ++q) {
+        Scalar v = ab0[q];
+        for (int r = 0; r < n; ++r) v += dhs[r * HP + j0 + q];
+        ab0[q] = v;
+      }
+    } else if (ig == 1) {
+      for (int q = 0; q < TJ; ++q) {
+        for (int o = 0; o < MaxOut; ++o) {
+          if (o >= NO) break;
+          Scalar v = aw1[q][o];
+          for (int r = 0; r < n; ++r) v += hs[r * HP + j0 + q] * ds[r * NO + o];
+          aw1[q][o] = v;
+        }
+      }
+    }
+  }
+
+  // Logical thread t's accumulators from team scratch (AccShared).
+  KOKKOS_INLINE_FUNCTION void load_shared(int t, const Scalar* acc_w0, const Scalar* acc_b0, const Scalar* acc_w1,
+                                          Scalar (&acc)[MaxIPT][TJ], Scalar (&ab0)[TJ],
+                                          Scalar (&aw1)[TJ][MaxOut]) const {
+    const int jt = t % NJ, ig = t / NJ, j0 = jt * TJ, i0 = ig * IPT;
+    for (int a = 0; a < IPT; ++a) {
+      for (int q = 0; q < TJ; ++q) acc[a][q] = acc_w0[(i0 + a) * HP + j0 + q];
+    }
+    for (int q = 0; q < TJ; ++q) {
+      ab0[q] = acc_b0[j0 + q];
+      for (int o = 0; o < NO; ++o) aw1[q][o] = acc_w1[(j0 + q) * NO + o];
+    }
+  }
+
+  // Writes logical thread t's accumulators into the block's row of partials.
+  KOKKOS_INLINE_FUNCTION void write(int t, Scalar* out, const Scalar (&acc)[MaxIPT][TJ], const Scalar (&ab0)[TJ],
+                                    const Scalar (&aw1)[TJ][MaxOut]) const {
+    const int jt = t % NJ, ig = t / NJ, j0 = jt * TJ, i0 = ig * IPT;
+    for (int a = 0; a < MaxIPT; ++a) {
+      if (a >= IPT || i0 + a >= n_in) continue;
+      for (int q = 0; q < TJ; ++q) {
+        if (j0 + q < H) out[w0off + (i0 + a) * H + j0 + q] = acc[a][q];
+      }
+    }
+    for (int q = 0; q < TJ; ++q) {
+      if (j0 + q >= H) continue;
+      if (ig == 0) out[b0off + j0 + q] = ab0[q];
+      if (ig == 1) {
+        for (int o = 0; o < NO; ++o) out[w1off + (j0 + q) * NO + o] = aw1[q][o];
+      }
+    }
+  }
+
   KOKKOS_INLINE_FUNCTION void operator()(const member& team) const {
     const std::int64_t b = team.league_rank();
     const std::int64_t r_begin = b * block;
     const std::int64_t r_end = r_begin + block < rows ? r_begin + block : rows;
     Scalar* s = static_cast<Scalar*>(team.team_scratch(level).get_shmem(scratch_bytes()));
     Scalar* const w0s = s;
-    Scalar* const b0s = w0s + NI * HP;
+    Scalar* const b0s = w0s + (w0_shared ? NI * HP : 0);
     Scalar* const w1s = b0s + HP;
     Scalar* const b1s = w1s + HP * NO;
     Scalar* const xs = b1s + 4;
@@ -124,26 +222,28 @@ struct FusedOneHiddenKernel {
     Scalar* const sqs = ds + C * NO;
     Scalar* const hs = sqs + C * NO;
     Scalar* const dhs = hs + C * HP;  // also the output unit's segment sums, before it holds the deltas
-    Scalar* const acc_w0 = dhs + C * HP;
+    Scalar* const acc_w0 = dhs + C * HP;  // AccShared only
     Scalar* const acc_b0 = acc_w0 + NI * HP;
     Scalar* const acc_w1 = acc_b0 + HP;
-    Scalar* const acc_b1 = acc_w1 + HP * NO;
+    Scalar* const acc_b1 = AccShared ? acc_w1 + HP * NO : acc_w0;
     Scalar* const acc_loss = acc_b1 + NO;
+    // This thread's accumulators for the whole block (device spaces: one logical thread a thread).
+    Scalar racc[MaxIPT][TJ] = {};
+    Scalar rb0[TJ] = {};
+    Scalar rw1[TJ][MaxOut] = {};
 
-    // The parameters, zero-padded to NI x HP so the inner loops need no bounds; the accumulators, zeroed.
-    each(team, NI * HP, [&](int e) {
-      const int i = e / HP, j = e % HP;
-      w0s[e] = (i < n_in && j < H) ? params[w0off + i * H + j] : Scalar(0);
-      acc_w0[e] = Scalar(0);
-    });
-    each(team, HP, [&](int j) {
-      b0s[j] = j < H ? params[b0off + j] : Scalar(0);
-      acc_b0[j] = Scalar(0);
-    });
-    each(team, HP * NO, [&](int e) {
-      w1s[e] = e / NO < H ? params[w1off + e] : Scalar(0);
-      acc_w1[e] = Scalar(0);
-    });
+    // The parameters, zero-padded so the inner loops need no bounds; the accumulators, zeroed.
+    if (w0_shared) {
+      each(team, NI * HP, [&](int e) {
+        const int i = e / HP, j = e % HP;
+        w0s[e] = (i < n_in && j < H) ? params[w0off + i * H + j] : Scalar(0);
+      });
+    }
+    if (AccShared) {
+      each(team, NI * HP + HP + HP * NO, [&](int e) { acc_w0[e] = Scalar(0); });
+    }
+    each(team, HP, [&](int j) { b0s[j] = j < H ? params[b0off + j] : Scalar(0); });
+    each(team, HP * NO, [&](int e) { w1s[e] = e / NO < H ? params[w1off + e] : Scalar(0); });
     each(team, NO + 1, [&](int o) {
       if (o < NO) {
         b1s[o] = params[b1off + o];
@@ -168,14 +268,25 @@ struct FusedOneHiddenKernel {
       each(team, T, [&](int t) {
         const int jt = t % NJ, rt = t / NJ, j0 = jt * TJ;
         Scalar h[MaxTR][TJ] = {};
-        for (int i = 0; i < NI; ++i) {
-          Scalar w[TJ];
-          for (int q = 0; q < TJ; ++q) w[q] = w0s[i * HP + j0 + q];
+        auto add_input = [&](int i, const Scalar (&w)[TJ]) {
           for (int a = 0; a < MaxTR; ++a) {
             if (a < TR) {
               const Scalar xv = xs[(rt * TR + a) * NI + i];
               for (int q = 0; q < TJ; ++q) h[a][q] += xv * w[q];
             }
+          }
+        };
+        if (w0_shared) {
+          for (int i = 0; i < NI; ++i) {
+            Scalar w[TJ];
+            for (int q = 0; q < TJ; ++q) w[q] = w0s[i * HP + j0 + q];
+            add_input(i, w);
+          }
+        } else {
+          for (int i = 0; i < n_in; ++i) {
+            Scalar w[TJ];
+            for (int q = 0; q < TJ; ++q) w[q] = j0 + q < H ? params[w0off + i * H + j0 + q] : Scalar(0);
+            add_input(i, w);
           }
         }
         for (int a = 0; a < MaxTR; ++a) {
@@ -235,62 +346,44 @@ struct FusedOneHiddenKernel {
       });
       team.team_barrier();
 
-      // Weight gradients: logical thread (input group ig, hidden tile jt) owns IPT x 4 entries of dW0 and
-      // adds this chunk's rows in order; groups 0 and 1 also own db0 and dW1 for their 4 units.
-      each(team, T, [&](int t) {
-        const int jt = t % NJ, ig = t / NJ, j0 = jt * TJ, i0 = ig * IPT;
-        Scalar acc[MaxIPT][TJ] = {};
-        for (int a = 0; a < MaxIPT; ++a) {
-          if (a < IPT) {
-            for (int q = 0; q < TJ; ++q) acc[a][q] = acc_w0[(i0 + a) * HP + j0 + q];
-          }
-        }
-        for (int r = 0; r < n; ++r) {
-          Scalar d[TJ];
-          for (int q = 0; q < TJ; ++q) d[q] = dhs[r * HP + j0 + q];
-          for (int a = 0; a < MaxIPT; ++a) {
-            if (a < IPT) {
-              const Scalar xv = xs[r * NI + i0 + a];
-              for (int q = 0; q < TJ; ++q) acc[a][q] += xv * d[q];
-            }
-          }
-        }
-        for (int a = 0; a < MaxIPT; ++a) {
-          if (a < IPT) {
+      // Weight gradients.
+      if (AccShared) {
+        each(team, T, [&](int t) {
+          const int jt = t % NJ, ig = t / NJ, j0 = jt * TJ, i0 = ig * IPT;
+          Scalar acc[MaxIPT][TJ] = {};
+          Scalar ab0[TJ] = {};
+          Scalar aw1[TJ][MaxOut] = {};
+          load_shared(t, acc_w0, acc_b0, acc_w1, acc, ab0, aw1);
+          accumulate(t, n, xs, hs, dhs, ds, acc, ab0, aw1);
+          for (int a = 0; a < IPT; ++a) {
             for (int q = 0; q < TJ; ++q) acc_w0[(i0 + a) * HP + j0 + q] = acc[a][q];
           }
-        }
-        if (ig == 0) {
           for (int q = 0; q < TJ; ++q) {
-            Scalar v = acc_b0[j0 + q];
-            for (int r = 0; r < n; ++r) v += dhs[r * HP + j0 + q];
-            acc_b0[j0 + q] = v;
-          }
-        } else if (ig == 1) {
-          for (int q = 0; q < TJ; ++q) {
-            for (int o = 0; o < NO; ++o) {
-              Scalar v = acc_w1[(j0 + q) * NO + o];
-              for (int r = 0; r < n; ++r) v += hs[r * HP + j0 + q] * ds[r * NO + o];
-              acc_w1[(j0 + q) * NO + o] = v;
+            if (ig == 0) acc_b0[j0 + q] = ab0[q];
+            if (ig == 1) {
+              for (int o = 0; o < NO; ++o) acc_w1[(j0 + q) * NO + o] = aw1[q][o];
             }
           }
-        }
-      });
+        });
+      } else {
+        accumulate(team.team_rank(), n, xs, hs, dhs, ds, racc, rb0, rw1);
+      }
       team.team_barrier();
     }
 
     // The block's partial sums, in the parameter layout (plus the sum of squared residuals).
     Scalar* const out = partials + b * ld;
-    each(team, NI * HP, [&](int e) {
-      const int i = e / HP, j = e % HP;
-      if (i < n_in && j < H) out[w0off + i * H + j] = acc_w0[e];
-    });
-    each(team, HP, [&](int j) {
-      if (j < H) out[b0off + j] = acc_b0[j];
-    });
-    each(team, HP * NO, [&](int e) {
-      if (e / NO < H) out[w1off + e] = acc_w1[e];
-    });
+    if (AccShared) {
+      each(team, T, [&](int t) {
+        Scalar acc[MaxIPT][TJ] = {};
+        Scalar ab0[TJ] = {};
+        Scalar aw1[TJ][MaxOut] = {};
+        load_shared(t, acc_w0, acc_b0, acc_w1, acc, ab0, aw1);
+        write(t, out, acc, ab0, aw1);
+      });
+    } else {
+      write(team.team_rank(), out, racc, rb0, rw1);
+    }
     each(team, NO + 1, [&](int o) {
       if (o < NO) {
         out[b1off + o] = acc_b1[o];
@@ -299,8 +392,6 @@ struct FusedOneHiddenKernel {
       }
     });
   }
-
-  KOKKOS_INLINE_FUNCTION std::size_t scratch_bytes() const { return sizeof(Scalar) * fused_scratch_elems(NI, HP, C, NO); }
 };
 
 }  // namespace detail
