@@ -188,6 +188,19 @@ class BlockTreeReducer {
       gathered_ = vector(values_.data(), std::int64_t(plan.size()) * slots * width);
     }
     const auto& nodes = plan.local_nodes();
+    // The widest subtree this rank sums (fast mode: all its blocks), and how many columns of it a team can
+    // hold in scratch (0: too wide; the in-place path runs).
+    const std::int64_t local_blocks = plan.shard().local_blocks();
+    std::int64_t widest = mode == Reduction::fast ? local_blocks : 0;
+    for (const auto& n : nodes) {
+      const std::int64_t lo = n.lo - plan.shard().first_block;
+      widest = std::max(widest, std::min(std::int64_t(1) << n.level, local_blocks - lo));
+    }
+    const auto most = static_cast<std::int64_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(0));
+    if (widest > 0) {
+      scratch_cols_ = static_cast<int>(std::min<std::int64_t>(32, most / (widest * std::int64_t(sizeof(Scalar)))));
+      scratch_rows_ = widest;
+    }
     node_lo_ = Kokkos::View<std::int64_t*, memory_space>("dpmlp::tree_node_lo", nodes.size());
     node_level_ = Kokkos::View<int*, memory_space>("dpmlp::tree_node_level", nodes.size());
     auto hlo = Kokkos::create_mirror_view(node_lo_);
@@ -236,6 +249,8 @@ class BlockTreeReducer {
   }
 
   bool uses_tree() const { return plan_.size() > 1 && mode_ == Reduction::reproducible; }
+  // What reduce_local staged for the collective: this rank's subtree sums, one slot a row.
+  const matrix& staged() const { return send_; }
 
   struct NoApply {
     KOKKOS_INLINE_FUNCTION void operator()(std::int64_t, Scalar) const {}
@@ -245,6 +260,67 @@ class BlockTreeReducer {
   // Sums each local subtree in the canonical shape, in place, then stages the subtree sums in send_ (unused
   // slots zero). Fast mode sums all local blocks into slot 0.
   void reduce_local(const ExecSpace& space, const matrix& partials) const {
+    if (scratch_cols_ > 0) {
+      reduce_local_in_scratch(space, partials);
+    } else {
+      reduce_local_in_place(space, partials);
+    }
+  }
+
+  // One team per (subtree, chunk of columns): the team copies the subtree's rows of its columns into team
+  // scratch with every load in flight at once, sums them level by level there (the same pairs, in the same
+  // order, as reduce_local_in_place: the same bits), and writes the sum to its slot. On a GPU the levels'
+  // barriers then wait on shared memory instead of on global memory.
+  void reduce_local_in_scratch(const ExecSpace& space, const matrix& partials) const {
+    if (scratch_cols_ == 0) return reduce_local_in_place(space, partials);  // wider than a team's scratch
+    using policy = Kokkos::TeamPolicy<ExecSpace>;
+    using member = typename policy::member_type;
+    const auto P = partials;
+    const auto send = send_;
+    const auto lo_v = node_lo_;
+    const auto level_v = node_level_;
+    const std::int64_t local_blocks = plan_.shard().local_blocks();
+    const bool fast = mode_ == Reduction::fast;
+    const int nodes = fast ? (local_blocks > 0 ? 1 : 0) : static_cast<int>(plan_.local_nodes().size());
+    const int slots = static_cast<int>(send_.extent(0));
+    const std::int64_t W = width_;
+    const int cw_max = scratch_cols_;
+    const std::int64_t chunks = (W + cw_max - 1) / cw_max;
+    const std::size_t bytes = static_cast<std::size_t>(scratch_rows_) * cw_max * sizeof(Scalar);
+    // Unused slots (fewer subtrees than the widest rank has) are zero.
+    if (nodes < slots) {
+      const auto unused = Kokkos::subview(send_, std::make_pair(nodes, slots), Kokkos::ALL);
+      Kokkos::deep_copy(space, unused, Scalar(0));
+    }
+    if (nodes == 0) return;
+    auto pol = policy(space, static_cast<int>(nodes * chunks), is_host_space<ExecSpace>() ? 1 : 256);
+    pol.set_scratch_size(0, Kokkos::PerTeam(bytes));
+    Kokkos::parallel_for(
+        "dpmlp::tree_reduce_local", pol, KOKKOS_LAMBDA(const member& team) {
+          const int i = static_cast<int>(team.league_rank() / chunks);
+          const std::int64_t c0 = (team.league_rank() % chunks) * cw_max;
+          const int cw = W - c0 < cw_max ? static_cast<int>(W - c0) : cw_max;
+          const std::int64_t lo = fast ? 0 : lo_v(i);
+          const std::int64_t span = fast ? local_blocks : (std::int64_t(1) << level_v(i));
+          const std::int64_t n = lo + span < local_blocks ? span : local_blocks - lo;
+          Scalar* sh = static_cast<Scalar*>(team.team_scratch(0).get_shmem(bytes));
+          const int T = team.team_size(), me = team.team_rank();
+          for (std::int64_t w = me; w < n * cw; w += T) sh[w] = P(lo + w / cw, c0 + w % cw);
+          team.team_barrier();
+          for (std::int64_t stride = 1; stride < n; stride *= 2) {
+            const std::int64_t pairs = (n - stride + 2 * stride - 1) / (2 * stride);
+            for (std::int64_t w = me; w < pairs * cw; w += T) {
+              const std::int64_t g = 2 * stride * (w / cw);
+              const std::int64_t c = w % cw;
+              sh[g * cw + c] += sh[(g + stride) * cw + c];
+            }
+            team.team_barrier();
+          }
+          for (int c = me; c < cw; c += T) send(i, c0 + c) = sh[c];
+        });
+  }
+
+  void reduce_local_in_place(const ExecSpace& space, const matrix& partials) const {
     using policy = Kokkos::TeamPolicy<ExecSpace>;
     using member = typename policy::member_type;
     const auto P = partials;
@@ -310,6 +386,8 @@ class BlockTreeReducer {
   BlockTreePlan plan_;
   std::int64_t width_ = 0;
   Reduction mode_ = Reduction::reproducible;
+  int scratch_cols_ = 0;          // columns a team of reduce_local_in_scratch holds (0: in place)
+  std::int64_t scratch_rows_ = 0;  // the widest subtree, in blocks
   matrix send_, values_;
   vector gathered_;
   Kokkos::View<std::int64_t*, memory_space> node_lo_;
