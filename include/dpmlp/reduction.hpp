@@ -182,7 +182,7 @@ class BlockTreeReducer {
   BlockTreeReducer(const BlockTreePlan& plan, std::int64_t width, Reduction mode)
       : plan_(plan), width_(width), mode_(mode) {
     const int slots = mode == Reduction::reproducible ? plan.slots() : 1;
-    send_ = matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::tree_send"), std::max(slots, 1), width);
+    send_ = matrix("dpmlp::tree_send", std::max(slots, 1), width);  // zeroed: unused slots stay zero
     if (plan.size() > 1 && mode == Reduction::reproducible) {
       values_ = matrix("dpmlp::tree_values", plan.values(), width);
       gathered_ = vector(values_.data(), std::int64_t(plan.size()) * slots * width);
@@ -287,11 +287,7 @@ class BlockTreeReducer {
     const int cw_max = scratch_cols_;
     const std::int64_t chunks = (W + cw_max - 1) / cw_max;
     const std::size_t bytes = static_cast<std::size_t>(scratch_rows_) * cw_max * sizeof(Scalar);
-    // Unused slots (fewer subtrees than the widest rank has) are zero.
-    if (nodes < slots) {
-      const auto unused = Kokkos::subview(send_, std::make_pair(nodes, slots), Kokkos::ALL);
-      Kokkos::deep_copy(space, unused, Scalar(0));
-    }
+    (void)slots;  // unused slots (fewer subtrees than the widest rank has) were zeroed once, at construction
     if (nodes == 0) return;
     auto pol = policy(space, static_cast<int>(nodes * chunks), is_host_space<ExecSpace>() ? 1 : 256);
     pol.set_scratch_size(0, Kokkos::PerTeam(bytes));

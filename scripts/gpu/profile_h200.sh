@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
-# Where a training step's time goes on the GPU machine: train_bench at the sizes (fused and layered
-# engines, 1 and 2 GPUs) and, when Nsight Systems is installed, a per-kernel time table of one seed-size run
-# and one 1Mx256 run. Development aid, not the benchmark of record (that is benchmarks/run_h200.sh, which
-# also runs the anchors). Run from the repository root there, after scripts/gpu/validate_h200.sh has put
-# the carried build at /tmp/build-cuda. Writes under $OUT.
+# Where a training step's time goes on the GPU machine: train_bench --breakdown (microseconds per call of
+# each piece of a step) at the sizes, fused and layered engines, 1 and 2 GPUs; and, when Nsight
+# Compute (ncu) or Nsight Systems (nsys) is installed, per-kernel GPU times of a seed-size run.
+# Development aid, not the benchmark of record (that is benchmarks/run_h200.sh, which also runs the
+# anchors). Run from the repository root there, after scripts/gpu/validate_h200.sh has put the carried
+# build at /tmp/build-cuda. Writes under $OUT.
 set -uo pipefail
 OUT="${OUT:-$PWD/out}"
 B="${B:-/tmp/build-cuda}"
@@ -16,22 +17,29 @@ bench() {  # bench <ranks> <args...>
   timeout 150 mpirun -np "$np" -x NCCL_NVLS_ENABLE "$B/benchmarks/train_bench" "$@" 2>&1 | tee -a "$OUT/profile.jsonl"
 }
 for np in 2 1; do
-  bench $np --rows 20000 --hidden 32 --graph
-  bench $np --rows 20000 --hidden 32 --graph --reduction fast
-  bench $np --rows 20000 --hidden 32 --graph --engine layered
-  bench $np --rows 1048576 --hidden 32 --graph --repeats 3
-  bench $np --rows 1048576 --hidden 256 --graph --repeats 3
-  bench $np --rows 4194304 --hidden 256 --graph --repeats 3
-done
-if command -v nsys >/dev/null; then
-  for cfg in "20000 32" "1048576 256"; do
+  for cfg in "20000 32" "1048576 32" "1048576 256" "4194304 256"; do
     set -- $cfg
-    echo "\$ nsys profile --stats=true train_bench --rows $1 --hidden $2 --graph --repeats 1 --no-check"
-    timeout 200 nsys profile --cuda-graph-trace=node --stats=true -f true -o "$OUT/nsys-$1-$2" \
-      "$B/benchmarks/train_bench" --rows "$1" --hidden "$2" --graph --repeats 1 --no-check --allow-cpu-devices \
-      > "$OUT/nsys-$1-$2.txt" 2>&1
-    grep -A25 "cuda_gpu_kern_sum" "$OUT/nsys-$1-$2.txt" | head -30
+    bench $np --rows "$1" --hidden "$2" --breakdown
   done
-else
-  echo "nsys: not installed"
-fi
+  bench $np --rows 20000 --hidden 32 --breakdown --reduction fast
+done
+bench 2 --rows 4194304 --hidden 256 --breakdown --reduction fast --engine layered
+# Per-kernel GPU time, where a profiler is installed.
+tool=""
+for t in ncu nsys; do
+  for d in "" /usr/local/cuda/bin/ /opt/nvidia/nsight-compute/*/ /opt/nvidia/nsight-systems/*/bin/; do
+    if [ -x "$d$t" ] || command -v "$d$t" >/dev/null 2>&1; then tool="$d$t"; break 2; fi
+  done
+done
+echo "profiler: ${tool:-none found}"
+args=(--rows 20000 --hidden 32 --steps 3 --repeats 1 --warmup 0 --no-check --allow-cpu-devices)
+case "$tool" in
+  *ncu)
+    timeout 200 "$tool" -c 24 --metrics gpu__time_duration.sum "$B/benchmarks/train_bench" "${args[@]}" \
+      > "$OUT/ncu-seed.txt" 2>&1
+    grep -E "dpmlp|Kokkos|nccl|gpu__time_duration" "$OUT/ncu-seed.txt" | head -60 ;;
+  *nsys)
+    timeout 200 "$tool" profile --stats=true -f true -o "$OUT/nsys-seed" "$B/benchmarks/train_bench" "${args[@]}" \
+      > "$OUT/nsys-seed.txt" 2>&1
+    grep -A25 "cuda_gpu_kern_sum" "$OUT/nsys-seed.txt" | head -30 ;;
+esac

@@ -27,6 +27,14 @@
 #include "dpmlp/errors.hpp"
 #include "dpmlp/kokkos_compat.hpp"
 
+// Fully unrolled loops keep the per-thread tiles (small arrays) in registers on a GPU: an array indexed by a
+// loop the compiler did not unroll lives in local memory, and every FMA on it becomes a memory access.
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+#define DPMLP_UNROLL _Pragma("unroll")
+#else
+#define DPMLP_UNROLL
+#endif
+
 namespace dpmlp {
 
 // Which per-block engine computes the gradient partials. automatic: the fused kernel on device spaces when
@@ -81,7 +89,7 @@ struct FusedLayout {
     ni = inputs <= 32 ? 32 : 64;
     while (hp < hidden) hp *= 2;
     // A chunk must give every logical thread 1 to 4 rows in the forward mapping: T/(hp/4) <= chunk <= 4T/(hp/4).
-    for (int c : {32, 16, 8}) {
+    for (int c : {64, 32, 16, 8}) {
       if (c * hp < 4 * T || c * hp > 16 * T) continue;
       for (bool w0 : {true, false}) {
         const std::size_t elems = fused_scratch_elems(ni, hp, c, outputs, w0, acc_shared);
@@ -115,7 +123,8 @@ struct FusedOneHiddenKernel {
   static constexpr int MaxTR = 4;
   static constexpr int MaxIPT = NI / 4;  // inputs a logical thread owns in the weight-gradient phase
   static constexpr int MaxOut = 4;
-  using policy = Kokkos::TeamPolicy<ExecSpace, Kokkos::LaunchBounds<T, 1>>;
+  // At least two teams an SM: registers capped at 128 a thread, so a team's barriers overlap another's work.
+  using policy = Kokkos::TeamPolicy<ExecSpace, Kokkos::LaunchBounds<T, 2>>;
   using member = typename policy::member_type;
 
   const Scalar* x;  // rows x n_in, row-major
@@ -131,7 +140,7 @@ struct FusedOneHiddenKernel {
   Activation act;
 
   template <class F>
-  KOKKOS_INLINE_FUNCTION static void each(const member& team, int n, const F& f) {
+  KOKKOS_FORCEINLINE_FUNCTION static void each(const member& team, int n, const F& f) {
     for (int t = team.team_rank(); t < n; t += team.team_size()) f(t);
   }
 
@@ -142,54 +151,57 @@ struct FusedOneHiddenKernel {
   // Logical thread t's share of one chunk's weight gradients: (input group ig, hidden tile jt) owns
   // IPT x 4 entries of dW0 and adds the chunk's rows in order; groups 0 and 1 also own db0 and dW1 for
   // their 4 units.
-  KOKKOS_INLINE_FUNCTION void accumulate(int t, int n, const Scalar* xs, const Scalar* hs, const Scalar* dhs,
+  KOKKOS_FORCEINLINE_FUNCTION void accumulate(int t, int n, const Scalar* xs, const Scalar* hs, const Scalar* dhs,
                                          const Scalar* ds, Scalar (&acc)[MaxIPT][TJ], Scalar (&ab0)[TJ],
                                          Scalar (&aw1)[TJ][MaxOut]) const {
     const int jt = t % NJ, ig = t / NJ, j0 = jt * TJ, i0 = ig * IPT;
     for (int r = 0; r < n; ++r) {
       Scalar d[TJ];
+      DPMLP_UNROLL
       for (int q = 0; q < TJ; ++q) d[q] = dhs[r * HP + j0 + q];
+      DPMLP_UNROLL
       for (int a = 0; a < MaxIPT; ++a) {
         if (a < IPT) {
           const Scalar xv = xs[r * NI + i0 + a];
+          DPMLP_UNROLL
           for (int q = 0; q < TJ; ++q) acc[a][q] += xv * d[q];
         }
       }
-    }
-    if (ig == 0) {
-      for (int q = 0; q < TJ; ++q) {
-        Scalar v = ab0[q];
-        for (int r = 0; r < n; ++r) v += dhs[r * HP + j0 + q];
-        ab0[q] = v;
-      }
-    } else if (ig == 1) {
-      for (int q = 0; q < TJ; ++q) {
+      if (ig == 0) {
+        DPMLP_UNROLL
+        for (int q = 0; q < TJ; ++q) ab0[q] += d[q];
+      } else if (ig == 1) {
+        DPMLP_UNROLL
         for (int o = 0; o < MaxOut; ++o) {
-          if (o >= NO) break;
-          Scalar v = aw1[q][o];
-          for (int r = 0; r < n; ++r) v += hs[r * HP + j0 + q] * ds[r * NO + o];
-          aw1[q][o] = v;
+          if (o < NO) {
+            const Scalar dv = ds[r * NO + o];
+            DPMLP_UNROLL
+            for (int q = 0; q < TJ; ++q) aw1[q][o] += hs[r * HP + j0 + q] * dv;
+          }
         }
       }
     }
   }
 
   // Logical thread t's accumulators from team scratch (AccShared).
-  KOKKOS_INLINE_FUNCTION void load_shared(int t, const Scalar* acc_w0, const Scalar* acc_b0, const Scalar* acc_w1,
+  KOKKOS_FORCEINLINE_FUNCTION void load_shared(int t, const Scalar* acc_w0, const Scalar* acc_b0, const Scalar* acc_w1,
                                           Scalar (&acc)[MaxIPT][TJ], Scalar (&ab0)[TJ],
                                           Scalar (&aw1)[TJ][MaxOut]) const {
     const int jt = t % NJ, ig = t / NJ, j0 = jt * TJ, i0 = ig * IPT;
-    for (int a = 0; a < IPT; ++a) {
+    for (int a = 0; a < MaxIPT; ++a) {
+      if (a >= IPT) break;
       for (int q = 0; q < TJ; ++q) acc[a][q] = acc_w0[(i0 + a) * HP + j0 + q];
     }
     for (int q = 0; q < TJ; ++q) {
       ab0[q] = acc_b0[j0 + q];
-      for (int o = 0; o < NO; ++o) aw1[q][o] = acc_w1[(j0 + q) * NO + o];
+      for (int o = 0; o < MaxOut; ++o) {
+        if (o < NO) aw1[q][o] = acc_w1[(j0 + q) * NO + o];
+      }
     }
   }
 
   // Writes logical thread t's accumulators into the block's row of partials.
-  KOKKOS_INLINE_FUNCTION void write(int t, Scalar* out, const Scalar (&acc)[MaxIPT][TJ], const Scalar (&ab0)[TJ],
+  KOKKOS_FORCEINLINE_FUNCTION void write(int t, Scalar* out, const Scalar (&acc)[MaxIPT][TJ], const Scalar (&ab0)[TJ],
                                     const Scalar (&aw1)[TJ][MaxOut]) const {
     const int jt = t % NJ, ig = t / NJ, j0 = jt * TJ, i0 = ig * IPT;
     for (int a = 0; a < MaxIPT; ++a) {
@@ -202,7 +214,9 @@ struct FusedOneHiddenKernel {
       if (j0 + q >= H) continue;
       if (ig == 0) out[b0off + j0 + q] = ab0[q];
       if (ig == 1) {
-        for (int o = 0; o < NO; ++o) out[w1off + (j0 + q) * NO + o] = aw1[q][o];
+        for (int o = 0; o < MaxOut; ++o) {  // a constant trip count keeps aw1 in registers
+          if (o < NO) out[w1off + (j0 + q) * NO + o] = aw1[q][o];
+        }
       }
     }
   }
@@ -268,36 +282,37 @@ struct FusedOneHiddenKernel {
       each(team, T, [&](int t) {
         const int jt = t % NJ, rt = t / NJ, j0 = jt * TJ;
         Scalar h[MaxTR][TJ] = {};
-        auto add_input = [&](int i, const Scalar (&w)[TJ]) {
+        // W0's row i for this thread's 4 units: from scratch (zero-padded), else from global memory.
+        const int n_i = w0_shared ? NI : n_in;
+        for (int i = 0; i < n_i; ++i) {
+          Scalar w[TJ];
+          DPMLP_UNROLL
+          for (int q = 0; q < TJ; ++q) {
+            w[q] = w0_shared ? w0s[i * HP + j0 + q] : (j0 + q < H ? params[w0off + i * H + j0 + q] : Scalar(0));
+          }
+          DPMLP_UNROLL
           for (int a = 0; a < MaxTR; ++a) {
             if (a < TR) {
               const Scalar xv = xs[(rt * TR + a) * NI + i];
+              DPMLP_UNROLL
               for (int q = 0; q < TJ; ++q) h[a][q] += xv * w[q];
             }
           }
-        };
-        if (w0_shared) {
-          for (int i = 0; i < NI; ++i) {
-            Scalar w[TJ];
-            for (int q = 0; q < TJ; ++q) w[q] = w0s[i * HP + j0 + q];
-            add_input(i, w);
-          }
-        } else {
-          for (int i = 0; i < n_in; ++i) {
-            Scalar w[TJ];
-            for (int q = 0; q < TJ; ++q) w[q] = j0 + q < H ? params[w0off + i * H + j0 + q] : Scalar(0);
-            add_input(i, w);
-          }
         }
+        DPMLP_UNROLL
         for (int a = 0; a < MaxTR; ++a) {
           if (a >= TR) continue;
           const int r = rt * TR + a;
+          DPMLP_UNROLL
           for (int q = 0; q < TJ; ++q) {
             h[a][q] = activate(act, h[a][q] + b0s[j0 + q]);
             hs[r * HP + j0 + q] = h[a][q];
           }
-          for (int o = 0; o < NO; ++o) {
+          DPMLP_UNROLL
+          for (int o = 0; o < MaxOut; ++o) {
+            if (o >= NO) continue;
             Scalar p = Scalar(0);
+            DPMLP_UNROLL
             for (int q = 0; q < TJ; ++q) p += h[a][q] * w1s[(j0 + q) * NO + o];
             dhs[(r * NO + o) * NJ + jt] = p;
           }
@@ -347,7 +362,7 @@ struct FusedOneHiddenKernel {
       team.team_barrier();
 
       // Weight gradients.
-      if (AccShared) {
+      if constexpr (AccShared) {
         each(team, T, [&](int t) {
           const int jt = t % NJ, ig = t / NJ, j0 = jt * TJ, i0 = ig * IPT;
           Scalar acc[MaxIPT][TJ] = {};
@@ -355,7 +370,8 @@ struct FusedOneHiddenKernel {
           Scalar aw1[TJ][MaxOut] = {};
           load_shared(t, acc_w0, acc_b0, acc_w1, acc, ab0, aw1);
           accumulate(t, n, xs, hs, dhs, ds, acc, ab0, aw1);
-          for (int a = 0; a < IPT; ++a) {
+          for (int a = 0; a < MaxIPT; ++a) {
+            if (a >= IPT) break;
             for (int q = 0; q < TJ; ++q) acc_w0[(i0 + a) * HP + j0 + q] = acc[a][q];
           }
           for (int q = 0; q < TJ; ++q) {
@@ -373,7 +389,7 @@ struct FusedOneHiddenKernel {
 
     // The block's partial sums, in the parameter layout (plus the sum of squared residuals).
     Scalar* const out = partials + b * ld;
-    if (AccShared) {
+    if constexpr (AccShared) {
       each(team, T, [&](int t) {
         Scalar acc[MaxIPT][TJ] = {};
         Scalar ab0[TJ] = {};
