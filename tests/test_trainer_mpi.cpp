@@ -3,6 +3,8 @@
 // same bits (uneven shards and short last blocks included), the fast one agrees to float precision.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "mpi_test_util.hpp"
@@ -129,4 +131,131 @@ TEST_CASE("the trainer keeps the shard layout and the communicator it was given"
   MPI_Allreduce(&rows, &total, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
   CHECK(total == 1001);
   CHECK(trainer.block_rows() == 100);
+}
+
+namespace {
+
+// train_epochs on `comm` for the problem; the final parameters.
+std::vector<float> train_minibatch(MPI_Comm comm, const Problem& p, int epochs, std::int64_t batch,
+                                   std::uint64_t seed, const dpmlp::TrainerOptions& opt) {
+  dpmlp::Mlp<float, Memory> model(p.widths, p.activation);
+  model.init_jax(dpmlp::random::PRNGKey(p.seed + 1), 0.3f);
+  dpmlp::DataParallelTrainer<Space, dpmlp::MpiCommunicator> trainer(comm, model, p.rows, dpmlp::Sgd(0.05), opt);
+  Matrix x, y;
+  draw_rows(p, trainer.shard().first_row, trainer.shard().rows(), x, y);
+  trainer.set_data(x, y);
+  trainer.train_epochs(epochs, batch, seed);
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params());
+  return std::vector<float>(h.data(), h.data() + h.extent(0));
+}
+
+struct StopAfterFirstStep {
+  bool end_step(const dpmlp::StepInfo&) { return true; }
+};
+
+struct EpochLog {
+  std::vector<dpmlp::EpochInfo> epochs;
+  void end_epoch(const dpmlp::EpochInfo& e) { epochs.push_back(e); }
+};
+
+}  // namespace
+
+TEST_CASE("epoch_positions: a permutation drawn from the seed and the epoch", "[trainer][minibatch]") {
+  const auto a = dpmlp::epoch_positions(7, 0, 1000), b = dpmlp::epoch_positions(7, 1, 1000),
+             c = dpmlp::epoch_positions(8, 0, 1000);
+  std::vector<std::int64_t> sorted = a;
+  std::sort(sorted.begin(), sorted.end());
+  for (std::int64_t i = 0; i < 1000; ++i) REQUIRE(sorted[i] == i);
+  CHECK(a == dpmlp::epoch_positions(7, 0, 1000));
+  CHECK(a != b);
+  CHECK(a != c);
+}
+
+TEST_CASE("mini-batches: the same bits at any rank count, layered and fused engines", "[trainer][minibatch]") {
+  Problem p;
+  p.rows = 1001;
+  for (auto engine : {dpmlp::Engine::layered, dpmlp::Engine::fused}) {
+    for (std::int64_t batch : {std::int64_t(128), std::int64_t(1001)}) {
+      dpmlp::TrainerOptions opt;
+      opt.block_rows = 32;
+      opt.engine = engine;
+      const auto multi = train_minibatch(MPI_COMM_WORLD, p, 2, batch, 42, opt);
+      const auto single = train_minibatch(MPI_COMM_SELF, p, 2, batch, 42, opt);
+      INFO("engine " << dpmlp::engine_name(engine) << ", batch " << batch << ", ranks " << size());
+      CHECK(std::memcmp(multi.data(), single.data(), multi.size() * sizeof(float)) == 0);
+    }
+  }
+}
+
+TEST_CASE("mini-batches: one batch of all rows is a full-batch step", "[trainer][minibatch]") {
+  Problem p;
+  p.rows = 777;
+  dpmlp::TrainerOptions opt;
+  const auto batched = train_minibatch(MPI_COMM_WORLD, p, 3, p.rows, 5, opt);
+  const Trained full = train(MPI_COMM_WORLD, p, 3, opt);
+  CHECK(std::memcmp(batched.data(), full.params.data(), batched.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("mini-batches: a step is SGD on the mean loss of exactly its batch's rows", "[trainer][minibatch]") {
+  // On this rank alone: the first step of an epoch against value_and_grad over the gathered batch rows.
+  Problem p;
+  p.rows = 300;
+  const std::int64_t batch = 64;
+  const std::uint64_t seed = 9;
+  dpmlp::Mlp<float, Memory> model(p.widths, p.activation);
+  model.init_jax(dpmlp::random::PRNGKey(p.seed + 1), 0.3f);
+  const auto initial = model.clone();
+  dpmlp::DataParallelTrainer<Space, dpmlp::MpiCommunicator> trainer(MPI_COMM_SELF, model, p.rows, dpmlp::Sgd(0.05));
+  Matrix x, y;
+  draw_rows(p, 0, p.rows, x, y);
+  trainer.set_data(x, y);
+  EpochLog log;
+  const auto r = trainer.train_epochs(1, batch, seed, StopAfterFirstStep{}, log);
+  CHECK(r.steps == 1);
+  CHECK(log.epochs.empty());  // stopped inside the epoch
+  // The batch: rows whose epoch-0 position is below 64.
+  const auto pos = dpmlp::epoch_positions(seed, 0, p.rows);
+  auto hx = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+  auto hy = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
+  Matrix xb("xb", batch, x.extent(1)), yb("yb", batch, 1);
+  auto hxb = Kokkos::create_mirror_view(xb);
+  auto hyb = Kokkos::create_mirror_view(yb);
+  for (std::int64_t row = 0; row < p.rows; ++row) {
+    if (pos[row] >= batch) continue;
+    for (std::size_t c = 0; c < x.extent(1); ++c) hxb(pos[row], c) = hx(row, c);
+    hyb(pos[row], 0) = hy(row, 0);
+  }
+  Kokkos::deep_copy(xb, hxb);
+  Kokkos::deep_copy(yb, hyb);
+  Kokkos::View<float*, Memory> grad("grad", initial.num_params());
+  const float loss = dpmlp::value_and_grad(Space(), initial, xb, yb, grad);
+  CHECK(r.first_loss == Approx(loss).epsilon(1e-5));
+  auto g = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), grad);
+  auto p0 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), initial.params());
+  auto p1 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params());
+  double worst = 0;
+  for (std::size_t i = 0; i < g.extent(0); ++i) worst = std::max(worst, std::fabs(double(p0(i) - 0.05f * g(i)) - p1(i)));
+  CHECK(worst < 1e-6);
+}
+
+TEST_CASE("mini-batches: epochs are reported, and bad arguments are refused on every rank", "[trainer][minibatch]") {
+  Problem p;
+  p.rows = 200;
+  dpmlp::Mlp<float, Memory> model(p.widths, p.activation);
+  model.init_jax(dpmlp::random::PRNGKey(1), 0.3f);
+  dpmlp::DataParallelTrainer<Space, dpmlp::MpiCommunicator> trainer(MPI_COMM_WORLD, model, p.rows, dpmlp::Sgd(0.05));
+  Matrix x, y;
+  draw_rows(p, trainer.shard().first_row, trainer.shard().rows(), x, y);
+  trainer.set_data(x, y);
+  EpochLog log;
+  const auto r = trainer.train_epochs(3, 64, 1, log);  // 4 steps an epoch (64, 64, 64, 8 rows)
+  CHECK(r.steps == 12);
+  REQUIRE(log.epochs.size() == 3);
+  CHECK(log.epochs[2].epoch == 3);
+  CHECK(log.epochs[0].steps == 4);
+  CHECK(trainer.steps_done() == 12);
+  CHECK_THROWS_WITH(trainer.train_epochs(1, 0, 1), Catch::Contains("batch_rows must be in [1, 200], got 0"));
+  CHECK_THROWS_WITH(trainer.train_epochs(0, 10, 1), Catch::Contains("epochs must be positive"));
+  trainer.train(1);  // now mid-epoch
+  CHECK_THROWS_WITH(trainer.train_epochs(1, 64, 1), Catch::Contains("resume at an epoch boundary"));
 }

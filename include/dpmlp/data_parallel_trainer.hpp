@@ -13,13 +13,16 @@
 //   auto result = trainer.train(100);          // result.first_loss, result.last_loss
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "dpmlp/backend/cuda_graph.hpp"
@@ -70,6 +73,27 @@ struct StepInfo {
   double step_ms;     // wall time of the step, including the loss read
 };
 
+// What an end_epoch hook is told (train_epochs).
+struct EpochInfo {
+  std::int64_t epoch;  // epochs completed so far, over all calls (this one included)
+  int steps;           // mini-batch steps in this epoch
+  double mean_loss;    // the mean of this epoch's batch losses
+};
+
+// The order in which epoch `epoch` of DataParallelTrainer::train_epochs visits the global rows, as each row's
+// position in it: a permutation of [0, rows) drawn from (seed, epoch) alone, never from the rank count: the
+// rows sorted by 32 random bits (JAX's threefry, key fold_in(PRNGKey(seed), epoch), element r for row r),
+// ties broken by row index. O(rows log rows) on the host.
+inline std::vector<std::int64_t> epoch_positions(std::uint64_t seed, std::int64_t epoch, std::int64_t rows) {
+  const random::Key key = random::fold_in(random::PRNGKey(seed), static_cast<std::uint32_t>(epoch));
+  std::vector<std::pair<std::uint32_t, std::int64_t>> keyed(static_cast<std::size_t>(rows));
+  for (std::int64_t r = 0; r < rows; ++r) keyed[r] = {random::bits(key, static_cast<std::uint64_t>(r)), r};
+  std::sort(keyed.begin(), keyed.end());
+  std::vector<std::int64_t> position(static_cast<std::size_t>(rows));
+  for (std::int64_t p = 0; p < rows; ++p) position[keyed[p].second] = p;
+  return position;
+}
+
 namespace detail {
 // Optional hooks, ensmallen-style: a callback has any subset of them.
 template <class C, class = void>
@@ -86,6 +110,12 @@ template <class C, class = void>
 struct has_end : std::false_type {};
 template <class C>
 struct has_end<C, std::void_t<decltype(std::declval<C&>().end_training(std::declval<const TrainResult&>()))>>
+    : std::true_type {};
+
+template <class C, class = void>
+struct has_end_epoch : std::false_type {};
+template <class C>
+struct has_end_epoch<C, std::void_t<decltype(std::declval<C&>().end_epoch(std::declval<const EpochInfo&>()))>>
     : std::true_type {};
 
 template <class... C>
@@ -106,6 +136,23 @@ bool call_end_step(const StepInfo& info, C&... cbs) {
         cb.end_step(info);
       } else {
         stop = static_cast<bool>(cb.end_step(info)) || stop;
+      }
+    }
+  };
+  (one(cbs), ...);
+  return stop;
+}
+// True when any callback asks to stop after this epoch.
+template <class... C>
+bool call_end_epoch(const EpochInfo& info, C&... cbs) {
+  bool stop = false;
+  auto one = [&](auto& cb) {
+    if constexpr (has_end_epoch<std::decay_t<decltype(cb)>>::value) {
+      using R = decltype(cb.end_epoch(info));
+      if constexpr (std::is_same<R, void>::value) {
+        cb.end_epoch(info);
+      } else {
+        stop = static_cast<bool>(cb.end_epoch(info)) || stop;
       }
     }
   };
@@ -258,6 +305,80 @@ class DataParallelTrainer {
     return r;
   }
 
+  // Mini-batch training: `epochs` passes over the data, each visiting every global row once in the order
+  // epoch_positions(seed, epoch) gives (drawn from the seed and the epoch alone, so the same batches at any
+  // rank count), `batch_rows` rows a step (the last batch of an epoch may be shorter); each step's gradient
+  // and loss are the mean over its batch. Epochs are numbered from steps_done() / steps-per-epoch, so a run
+  // resumed from a checkpoint at an epoch boundary continues with the next epoch's order.
+  // A step still reads the shard's every row (rows outside the batch contribute exact zeros): the batch's
+  // sums keep the block tree's shape, so the reproducible reduction gives the same bits at any rank count.
+  // The cost of a step is that of a full-batch step. CUDA graphs are not used here.
+  // Callbacks as in train(steps, callbacks...), plus an optional bool end_epoch(const EpochInfo&).
+  template <class... Callbacks>
+  TrainResult train_epochs(int epochs, std::int64_t batch_rows, std::uint64_t seed, Callbacks&&... callbacks) {
+    std::string problem;
+    const std::int64_t per_epoch = batch_rows > 0 ? (global_rows_ + batch_rows - 1) / batch_rows : 0;
+    if (epochs <= 0) {
+      problem = "epochs must be positive, got " + std::to_string(epochs);
+    } else if (batch_rows <= 0 || batch_rows > global_rows_) {
+      problem = "batch_rows must be in [1, " + std::to_string(global_rows_) + "], got " + std::to_string(batch_rows);
+    } else if (per_epoch * epochs > std::numeric_limits<int>::max()) {
+      problem = "too many steps in one call (" + std::to_string(per_epoch * epochs) + ")";
+    } else if (steps_done_ % per_epoch != 0) {
+      problem = "steps_done() is " + std::to_string(steps_done_) + ", not a multiple of the " +
+                std::to_string(per_epoch) + " steps of an epoch: resume at an epoch boundary";
+    }
+    agree(comm_.mpi_comm(), problem.empty() ? problem : "dpmlp::DataParallelTrainer::train_epochs: " + problem);
+    const int total = static_cast<int>(per_epoch * epochs);
+    begin_run(total);
+    TrainInfo info{total, steps_done_, comm_.rank(), comm_.size()};
+    detail::call_begin(info, callbacks...);
+    const std::int64_t first = plan_.shard().first_row, rows = plan_.shard().rows();
+    if (static_cast<std::int64_t>(positions_.extent(0)) != rows) {
+      positions_ = Kokkos::View<std::int64_t*, memory_space>("dpmlp::epoch_positions", rows);
+    }
+    auto host_pos = Kokkos::create_mirror_view(positions_);
+    const std::int64_t first_epoch = steps_done_ / per_epoch;
+    int done = 0;
+    bool stop = false;
+    for (int e = 0; e < epochs && !stop; ++e) {
+      const auto pos = epoch_positions(seed, first_epoch + e, global_rows_);
+      for (std::int64_t r = 0; r < rows; ++r) host_pos(r) = pos[first + r];
+      Kokkos::deep_copy(space_, positions_, host_pos);
+      const int epoch_start = done;
+      for (std::int64_t k = 0; k < per_epoch && !stop; ++k) {
+        const std::int64_t lo = k * batch_rows, hi = std::min(global_rows_, lo + batch_rows);
+        const auto t0 = std::chrono::steady_clock::now();
+        step(Scalar(1.0 / (static_cast<double>(hi - lo) * model_.outputs())),
+             detail::RowWindow{positions_.data(), lo, hi});
+        ++done;
+        if constexpr (sizeof...(Callbacks) > 0) {
+          Scalar loss = 0;
+          Kokkos::deep_copy(space_, loss, Kokkos::subview(losses_, done - 1));
+          compat::fence(space_, "dpmlp::DataParallelTrainer::train_epochs (callbacks)");
+          const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+          stop = detail::call_end_step(StepInfo{steps_done_ + done, done, static_cast<double>(loss), ms},
+                                       callbacks...);
+        }
+      }
+      // The host buffer must not change while the copy to the device may still read it.
+      compat::fence(space_, "dpmlp::DataParallelTrainer::train_epochs (epoch)");
+      if constexpr (sizeof...(Callbacks) > 0) {
+        if (done - epoch_start == per_epoch) {
+          auto losses = Kokkos::create_mirror_view_and_copy(
+              Kokkos::HostSpace(), Kokkos::subview(losses_, std::make_pair(epoch_start, done)));
+          double sum = 0;
+          for (std::size_t i = 0; i < losses.extent(0); ++i) sum += static_cast<double>(losses(i));
+          const EpochInfo ei{first_epoch + e + 1, done - epoch_start, sum / static_cast<double>(done - epoch_start)};
+          stop = detail::call_end_epoch(ei, callbacks...) || stop;
+        }
+      }
+    }
+    const TrainResult r = end_run(done);
+    detail::call_end(r, callbacks...);
+    return r;
+  }
+
   // Steps taken so far (over all train() calls). A checkpoint restores it (the optimizer's step count).
   std::int64_t steps_done() const { return steps_done_; }
   void set_steps_done(std::int64_t steps) { steps_done_ = steps; }
@@ -313,9 +434,11 @@ class DataParallelTrainer {
 
   // Enqueues one step. The loss goes to losses_(loss_index_), and the index moves on, on the device, so a
   // captured step can be replayed unchanged.
-  void step() {
-    const Scalar inv = Scalar(1.0 / (static_cast<double>(global_rows_) * model_.outputs()));
-    engine_.compute(space_, x_, y_, inv);
+  void step() { step(Scalar(1.0 / (static_cast<double>(global_rows_) * model_.outputs())), detail::RowWindow()); }
+
+  // One step over the rows in `window`, whose mean loss is inv * (sum of squared residuals).
+  void step(const Scalar inv, const detail::RowWindow& window) {
+    engine_.compute(space_, x_, y_, inv, window);
     const auto params = model_.params();
     const auto losses = losses_;
     const auto state = state_;
@@ -409,6 +532,7 @@ class DataParallelTrainer {
   bool has_data_ = false;
   Kokkos::View<Scalar*, memory_space> losses_, state_;
   Kokkos::View<int, memory_space> loss_index_{"dpmlp::loss_index"};
+  Kokkos::View<std::int64_t*, memory_space> positions_;  // train_epochs: each shard row's place in the epoch
   std::int64_t host_steps_enqueued_ = 0;  // steps enqueued in this train() call (for step-dependent optimizers)
   bool graph_failed_ = false;
   // Last: destroyed first, before the communicator whose collective it captured.

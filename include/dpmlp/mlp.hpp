@@ -300,13 +300,15 @@ class BlockEngine {
 
   // Forward and backward: fills partials() with, per block, the gradient of scale * sum(residual^2) (in
   // the parameter layout) and, in the last column, the plain sum of squared residuals.
-  void compute(const ExecSpace& space, const const_matrix& x, const const_matrix& y, Scalar scale) const {
+  // window: the rows to learn from (a mini-batch), default all.
+  void compute(const ExecSpace& space, const const_matrix& x, const const_matrix& y, Scalar scale,
+               const RowWindow& window = RowWindow()) const {
     if (rows_ == 0) return;
     if (fused_) {
       if (model_.inputs() <= 32) {
-        compute_fused<32>(space, x, y, scale);
+        compute_fused<32>(space, x, y, scale, window);
       } else {
-        compute_fused<64>(space, x, y, scale);
+        compute_fused<64>(space, x, y, scale, window);
       }
       return;
     }
@@ -326,8 +328,9 @@ class BlockEngine {
     Kokkos::parallel_for(
         "dpmlp::residual", Kokkos::RangePolicy<ExecSpace>(space, 0, rows), KOKKOS_LAMBDA(const std::int64_t r) {
           Scalar sum = Scalar(0);
+          const bool in = window.contains(r);
           for (int j = 0; j < n_out; ++j) {
-            const Scalar res = pred(r, j) - y(r, j);
+            const Scalar res = in ? pred(r, j) - y(r, j) : Scalar(0);
             sum += res * res;
             delta(r, j) = Scalar(2) * scale * res;
           }
@@ -390,7 +393,8 @@ class BlockEngine {
   }
 
   template <int NI>
-  void compute_fused(const ExecSpace& space, const const_matrix& x, const const_matrix& y, Scalar scale) const {
+  void compute_fused(const ExecSpace& space, const const_matrix& x, const const_matrix& y, Scalar scale,
+                     const RowWindow& window) const {
     using kernel_t = fused_kernel<NI>;
     auto k = make_fused_kernel<NI>(model_, fused_layout(model_));
     k.x = x.data();
@@ -399,6 +403,7 @@ class BlockEngine {
     k.rows = rows_;
     k.block = block_;
     k.scale = scale;
+    k.window = window;
     // A device team runs the 256 logical threads at once; a host team of one loops over them.
     const int team = is_host_space<ExecSpace>() ? 1 : kernel_t::T;
     auto policy = typename kernel_t::policy(space, static_cast<int>(blocks_), team);

@@ -198,7 +198,14 @@ class BlockTreeReducer {
     }
     const auto most = static_cast<std::int64_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(0));
     if (widest > 0) {
-      scratch_cols_ = static_cast<int>(std::min<std::int64_t>(32, most / (widest * std::int64_t(sizeof(Scalar)))));
+      const std::int64_t fit = most / (widest * std::int64_t(sizeof(Scalar)));
+      scratch_cols_ = 0;
+      for (int c = 32; c >= 1; c /= 2) {  // a power of two: the kernel's lanes are 256 / columns
+        if (c <= fit) {
+          scratch_cols_ = c;
+          break;
+        }
+      }
       scratch_rows_ = widest;
     }
     node_lo_ = Kokkos::View<std::int64_t*, memory_space>("dpmlp::tree_node_lo", nodes.size());
@@ -289,7 +296,10 @@ class BlockTreeReducer {
     const std::size_t bytes = static_cast<std::size_t>(scratch_rows_) * cw_max * sizeof(Scalar);
     (void)slots;  // unused slots (fewer subtrees than the widest rank has) were zeroed once, at construction
     if (nodes == 0) return;
-    auto pol = policy(space, static_cast<int>(nodes * chunks), is_host_space<ExecSpace>() ? 1 : 256);
+    // A team is lanes x cw_max threads: thread (lane, c) owns column c0 + c and every lanes-th row, so no
+    // index needs a division (cw_max is a power of two; a 64-bit division costs ~100 GPU instructions).
+    const int team_size = is_host_space<ExecSpace>() ? 1 : 256;
+    auto pol = policy(space, static_cast<int>(nodes * chunks), team_size);
     pol.set_scratch_size(0, Kokkos::PerTeam(bytes));
     Kokkos::parallel_for(
         "dpmlp::tree_reduce_local", pol, KOKKOS_LAMBDA(const member& team) {
@@ -298,21 +308,27 @@ class BlockTreeReducer {
           const int cw = W - c0 < cw_max ? static_cast<int>(W - c0) : cw_max;
           const std::int64_t lo = fast ? 0 : lo_v(i);
           const std::int64_t span = fast ? local_blocks : (std::int64_t(1) << level_v(i));
-          const std::int64_t n = lo + span < local_blocks ? span : local_blocks - lo;
+          const int n = static_cast<int>(lo + span < local_blocks ? span : local_blocks - lo);
           Scalar* sh = static_cast<Scalar*>(team.team_scratch(0).get_shmem(bytes));
-          const int T = team.team_size(), me = team.team_rank();
-          for (std::int64_t w = me; w < n * cw; w += T) sh[w] = P(lo + w / cw, c0 + w % cw);
+          // Logical threads (lane, c), cw_max of them a lane; a short team loops over them.
+          const int lanes = 256 / cw_max;
+          for (int t = team.team_rank(); t < 256; t += team.team_size()) {
+            const int c = t & (cw_max - 1), lane = t / cw_max;
+            if (c >= cw) continue;
+            for (int b = lane; b < n; b += lanes) sh[b * cw_max + c] = P(lo + b, c0 + c);
+          }
           team.team_barrier();
-          for (std::int64_t stride = 1; stride < n; stride *= 2) {
-            const std::int64_t pairs = (n - stride + 2 * stride - 1) / (2 * stride);
-            for (std::int64_t w = me; w < pairs * cw; w += T) {
-              const std::int64_t g = 2 * stride * (w / cw);
-              const std::int64_t c = w % cw;
-              sh[g * cw + c] += sh[(g + stride) * cw + c];
+          for (int stride = 1; stride < n; stride *= 2) {
+            for (int t = team.team_rank(); t < 256; t += team.team_size()) {
+              const int c = t & (cw_max - 1), lane = t / cw_max;
+              if (c >= cw) continue;
+              for (int g = 2 * stride * lane; g + stride < n; g += 2 * stride * lanes) {
+                sh[g * cw_max + c] += sh[(g + stride) * cw_max + c];
+              }
             }
             team.team_barrier();
           }
-          for (int c = me; c < cw; c += T) send(i, c0 + c) = sh[c];
+          for (int c = team.team_rank(); c < cw; c += team.team_size()) send(i, c0 + c) = sh[c];
         });
   }
 

@@ -60,6 +60,17 @@ inline Engine engine_from_name(const std::string& name) {
 
 namespace detail {
 
+// The rows a step learns from: all of the shard's rows (position == nullptr), or those whose position in the
+// epoch's order (one int64 a shard row) falls in [lo, hi): a mini-batch. A row outside contributes exact
+// zeros (its residual is not computed), so a batch's sums have the shape of the full batch's.
+struct RowWindow {
+  const std::int64_t* position = nullptr;
+  std::int64_t lo = 0, hi = 0;
+  KOKKOS_INLINE_FUNCTION bool contains(std::int64_t r) const {
+    return position == nullptr || (position[r] >= lo && position[r] < hi);
+  }
+};
+
 // Team scratch, in elements, in the order the kernel carves it:
 //   [w0s NI*HP] b0s HP | w1s HP*NO | b1s 4 | xs C*NI | ys, ds, sqs 3*C*NO | hs, dhs 2*C*HP |
 //   [accumulators w0 NI*HP, b0 HP, w1 HP*NO] | b1 NO | loss 1
@@ -138,6 +149,7 @@ struct FusedOneHiddenKernel {
   std::int64_t w0off, b0off, w1off, b1off, loss_col;
   Scalar scale;
   Activation act;
+  RowWindow window;
 
   template <class F>
   KOKKOS_FORCEINLINE_FUNCTION static void each(const member& team, int n, const F& f) {
@@ -326,7 +338,7 @@ struct FusedOneHiddenKernel {
         Scalar sum = Scalar(0);
         for (int jt = 0; jt < NJ; ++jt) sum += dhs[t * NJ + jt];
         const Scalar pred = sum + b1s[o];
-        if (r < n) {
+        if (r < n && window.contains(c0 + r)) {
           const Scalar res = pred - ys[t];
           ds[t] = Scalar(2) * scale * res;
           sqs[t] = res * res;
