@@ -259,7 +259,7 @@ class BlockEngine {
     k.act = model.activation();
     k.params = model.params().data();
     const std::size_t l0 = static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(0));
-    k.level = k.scratch_bytes() <= l0 ? 0 : 1;
+    k.level = k.scratch_bytes() <= l0 ? 0 : 1;  // a device kernel always uses 0 (fused_layout fits it there)
     return k;
   }
 

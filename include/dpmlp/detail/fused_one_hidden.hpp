@@ -237,7 +237,14 @@ struct FusedOneHiddenKernel {
     const std::int64_t b = team.league_rank();
     const std::int64_t r_begin = b * block;
     const std::int64_t r_end = r_begin + block < rows ? r_begin + block : rows;
-    Scalar* s = static_cast<Scalar*>(team.team_scratch(level).get_shmem(scratch_bytes()));
+    // On a device the level is 0 at compile time, so the compiler knows these are shared-memory addresses
+    // (shared loads and stores, and no aliasing with the global x, y and partials).
+    Scalar* s = nullptr;
+    if constexpr (AccShared) {
+      s = static_cast<Scalar*>(team.team_scratch(level).get_shmem(scratch_bytes()));
+    } else {
+      s = static_cast<Scalar*>(team.team_scratch(0).get_shmem(scratch_bytes()));
+    }
     Scalar* const w0s = s;
     Scalar* const b0s = w0s + (w0_shared ? NI * HP : 0);
     Scalar* const w1s = b0s + HP;
