@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // train_csv: regression on a numeric CSV file with dpmlp, data-parallel over MPI ranks.
 //
-//   mpirun -np N train_csv DATA.csv --target COLUMN [--hidden H] [--steps S] [--batch B] [--rate R]
+//   mpirun -np N train_csv DATA.csv --target COLUMN [--hidden H] [--steps S] [--batch B [--epochs E]] [--rate R]
 //                          [--optimizer sgd|adam] [--momentum M] [--test-fraction F] [--seed K]
 //                          [--checkpoint FILE] [--write-split FILE] [--progress auto|bar|lines|off]
 //                          [--allow-cpu-devices]
@@ -21,8 +21,10 @@
 //      shown is the MSE of the standardized target.
 //   4. It prints `train mse <g> test mse <g>`: the mean squared errors in the target's original units.
 //
-// --batch B: training is full-batch (every step uses all training rows); mini-batches are not implemented.
-//   B = 0 or B >= the number of training rows is accepted (and means full batch); anything else is refused.
+// --batch B: mini-batches of B training rows (DataParallelTrainer::train_epochs): each epoch visits every
+//   training row once, in an order drawn from --seed and the epoch alone (the same batches at any rank count);
+//   training runs E epochs (--epochs E; default: as many whole epochs as it takes to make at least S steps).
+//   B = 0 (the default) or B >= the number of training rows is full batch: every step uses all training rows.
 // --checkpoint FILE: if FILE exists, training resumes from it (parameters, optimizer state, step count), and
 //   FILE is written at the end. Resume with the same data, --target, --hidden, --optimizer, --seed and
 //   --test-fraction: the standardization is recomputed from the data and the split, not stored in FILE.
@@ -65,6 +67,7 @@ struct Options {
   std::string data, target, optimizer = "adam", checkpoint, write_split, progress = "auto";
   int hidden = 32, steps = 500;
   long long batch = 0;
+  int epochs = 0;
   double rate = 0, momentum = 0, test_fraction = 0.2;
   unsigned long long seed = 0;
   bool allow_cpu = false;
@@ -100,6 +103,7 @@ Options parse(int argc, char* argv[]) {
     else if (a == "--hidden") o.hidden = static_cast<int>(std::clamp<long long>(integer(i), -1, INT_MAX));
     else if (a == "--steps") o.steps = static_cast<int>(std::clamp<long long>(integer(i), -1, INT_MAX));
     else if (a == "--batch") o.batch = integer(i);
+    else if (a == "--epochs") o.epochs = static_cast<int>(std::clamp<long long>(integer(i), -1, INT_MAX));
     else if (a == "--rate") o.rate = real(i);
     else if (a == "--momentum") o.momentum = real(i);
     else if (a == "--optimizer") o.optimizer = value(i);
@@ -124,6 +128,9 @@ Options parse(int argc, char* argv[]) {
   if (o.hidden <= 0) throw dpmlp::InputError("--hidden must be positive");
   if (o.steps <= 0) throw dpmlp::InputError("--steps must be positive");
   if (o.batch < 0) throw dpmlp::InputError("--batch must not be negative");
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--epochs" && o.epochs <= 0) throw dpmlp::InputError("--epochs must be positive");
+  }
   if (o.optimizer != "sgd" && o.optimizer != "adam") {
     throw dpmlp::InputError("--optimizer must be sgd or adam, got '" + o.optimizer + "'");
   }
@@ -282,12 +289,12 @@ int run(const Options& o, const Optimizer& optimizer, int devices) {
   for (auto& name : L.columns) broadcast_string(name, comm);
   const int features = L.cols - 1;
 
-  if (o.batch != 0 && o.batch < L.n_train) {
-    throw dpmlp::InputError("--batch " + std::to_string(o.batch) +
-                            ": mini-batches are not supported yet; every step uses all " + std::to_string(L.n_train) +
-                            " training rows (full batch). Leave --batch out, or pass --batch 0 or a value >= " +
-                            std::to_string(L.n_train) + ".");
-  }
+  // Mini-batches when --batch is below the training rows: whole epochs, at least --steps steps.
+  const bool minibatch = o.batch > 0 && o.batch < L.n_train;
+  const long long per_epoch = minibatch ? (L.n_train + o.batch - 1) / o.batch : 1;
+  const long long epochs_ll = o.epochs > 0 ? o.epochs : (o.steps + per_epoch - 1) / per_epoch;
+  if (minibatch && epochs_ll * per_epoch > INT_MAX) throw dpmlp::InputError("--epochs: too many steps");
+  const int epochs = static_cast<int>(epochs_ll);
 
   // ---- 2. the trainer (it decides the shards), then each rank's rows
   dpmlp::Mlp<float, Memory> model({features, o.hidden, 1});
@@ -339,9 +346,13 @@ int run(const Options& o, const Optimizer& optimizer, int devices) {
   if (rank == 0) {
     std::printf("# train_csv: %s: %lld rows, %d features, target '%s'; train %lld rows, test %lld (seed %llu)\n",
                 o.data.c_str(), L.rows, features, o.target.c_str(), L.n_train, L.n_test, o.seed);
-    std::printf("# model %d-%d-1 relu, %s rate %g%s, full batch; %d rank%s on %d %s device%s (%s)\n", features,
+    const std::string batching =
+        minibatch ? "mini-batches of " + std::to_string(o.batch) + " rows, " + std::to_string(epochs) + " epochs of " +
+                        std::to_string(per_epoch) + " steps"
+                  : std::string("full batch");
+    std::printf("# model %d-%d-1 relu, %s rate %g%s, %s; %d rank%s on %d %s device%s (%s)\n", features,
                 o.hidden, o.optimizer.c_str(), o.rate,
-                o.momentum != 0 ? (" momentum " + std::to_string(o.momentum)).c_str() : "", size,
+                o.momentum != 0 ? (" momentum " + std::to_string(o.momentum)).c_str() : "", batching.c_str(), size,
                 size == 1 ? "" : "s", devices, dpmlp::platform_name<ExecSpace>(), devices == 1 ? "" : "s",
                 ExecSpace::name());
     if (o.allow_cpu && dpmlp::is_host_space<ExecSpace>()) {
@@ -356,7 +367,11 @@ int run(const Options& o, const Optimizer& optimizer, int devices) {
   using Mode = dpmlp::ProgressBar::Mode;
   const Mode mode = o.progress == "bar" ? Mode::terminal : o.progress == "lines" ? Mode::lines : Mode::automatic;
   dpmlp::ProgressBar progress(o.progress == "off" ? nullptr : stdout, 0, mode);
-  trainer.train(o.steps, progress);
+  if (minibatch) {
+    trainer.train_epochs(epochs, o.batch, o.seed, progress);
+  } else {
+    trainer.train(o.steps, progress);
+  }
   if (!o.checkpoint.empty()) {
     dpmlp::save_checkpoint(trainer, o.checkpoint);
     if (rank == 0) {

@@ -5,7 +5,9 @@
 #     trains to a test MSE near the noise level;
 #   - 100 + 100 steps through --checkpoint end with the same numbers as 200 steps in one go;
 #   - ragged, non-numeric, NaN, empty, header-only CSVs and a missing --target column are refused on every rank
-#     with the file and line number, exit code 2; so is --batch smaller than the training rows;
+#     with the file and line number, exit code 2; so is --epochs 0;
+#   - mini-batches (--batch 64 --epochs 40) also reach the noise level, and 20 + 20 epochs through
+#     --checkpoint end with the same numbers as 40 epochs in one go;
 #   - without --allow-cpu-devices: the refusal line and exit 77.
 separate_arguments(MPIFLAGS)
 if(NOT WORK)
@@ -123,7 +125,7 @@ expect_refusal(nan.csv "${head}nan,2,3\n" "nan\\.csv:5: column 1 \\('x1'\\): not
 expect_refusal(empty.csv "" "empty\\.csv: empty file")
 expect_refusal(header.csv "x1,x2,y\n" "header\\.csv:1: no data rows")
 expect_refusal(notarget.csv "${head}" "notarget\\.csv:1: no column 'z' \\(the header has: x1, x2, y\\)" --target z)
-expect_refusal(batch.csv "${head}" "--batch 1: mini-batches are not supported yet; every step uses all 2 training rows" --batch 1)
+expect_refusal(epochs.csv "${head}" "--epochs must be positive" --batch 1 --epochs 0)
 run_train_csv(out err rc "${WORK}/nowhere.csv" --allow-cpu-devices --target y)
 if(NOT rc EQUAL 2 OR NOT err MATCHES "rank 0\\): [^\n]*nowhere\\.csv: cannot open" OR NOT err MATCHES "rank 1\\): [^\n]*nowhere")
   message(FATAL_ERROR "a missing file: expected exit 2 and the message on both ranks, got ${rc}\n${err}")
@@ -133,6 +135,24 @@ endif()
 run_train_csv(out err rc "${WORK}/linear.csv" ${common} --steps 5 --batch 320)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "--batch 320 (all training rows) should be accepted; exit ${rc}\n${err}")
+endif()
+
+# ---- mini-batches: 64 rows a step (5 steps an epoch of 320 rows), shuffled every epoch
+run_train_csv(out err rc "${WORK}/linear.csv" ${common} --batch 64 --epochs 40)
+message(STATUS "linear.csv, mini-batches:\n${out}")
+if(NOT rc EQUAL 0 OR NOT out MATCHES "mini-batches of 64 rows, 40 epochs of 5 steps" OR NOT out MATCHES "\ndone 200 steps")
+  message(FATAL_ERROR "train_csv --batch 64 --epochs 40 exited ${rc} or printed no mini-batch header\n${out}\n${err}")
+endif()
+if(NOT out MATCHES "\ntrain mse ([^ ]+) test mse ([^ \n]+)\n" OR NOT CMAKE_MATCH_2 LESS 0.125 OR NOT CMAKE_MATCH_1 LESS 0.125)
+  message(FATAL_ERROR "mini-batches: expected train and test MSE near the noise variance 0.0833\n${out}")
+endif()
+string(REGEX MATCH "train mse [^\n]+" mb_one_go "${out}")
+file(REMOVE "${WORK}/mb.ckpt")
+run_train_csv(out err rc "${WORK}/linear.csv" ${common} --batch 64 --epochs 20 --checkpoint "${WORK}/mb.ckpt")
+run_train_csv(out err rc "${WORK}/linear.csv" ${common} --batch 64 --epochs 20 --checkpoint "${WORK}/mb.ckpt")
+string(REGEX MATCH "train mse [^\n]+" mb_resumed "${out}")
+if(NOT rc EQUAL 0 OR NOT out MATCHES "resumed from [^\n]*mb.ckpt at step 100" OR NOT mb_resumed STREQUAL mb_one_go)
+  message(FATAL_ERROR "mini-batches, 20 + 20 epochs through a checkpoint gave '${mb_resumed}', 40 epochs '${mb_one_go}'\n${out}\n${err}")
 endif()
 
 # ---- without --allow-cpu-devices on a CPU build: the refusal and exit 77
