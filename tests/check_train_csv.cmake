@@ -6,8 +6,8 @@
 #   - 100 + 100 steps through --checkpoint end with the same numbers as 200 steps in one go;
 #   - ragged, non-numeric, NaN, empty, header-only CSVs and a missing --target column are refused on every rank
 #     with the file and line number, exit code 2; so is --epochs 0;
-#   - mini-batches (--batch 64 --epochs 40) also reach the noise level, and 20 + 20 epochs through
-#     --checkpoint end with the same numbers as 40 epochs in one go;
+#   - mini-batches (--batch 64 --epochs 60) also reach the noise level, and 30 + 30 epochs through
+#     --checkpoint end with the same numbers as 60 epochs in one go;
 #   - without --allow-cpu-devices: the refusal line and exit 77.
 separate_arguments(MPIFLAGS)
 if(NOT WORK)
@@ -138,21 +138,21 @@ if(NOT rc EQUAL 0)
 endif()
 
 # ---- mini-batches: 64 rows a step (5 steps an epoch of 320 rows), shuffled every epoch
-run_train_csv(out err rc "${WORK}/linear.csv" ${common} --batch 64 --epochs 40)
+run_train_csv(out err rc "${WORK}/linear.csv" ${common} --batch 64 --epochs 60)
 message(STATUS "linear.csv, mini-batches:\n${out}")
-if(NOT rc EQUAL 0 OR NOT out MATCHES "mini-batches of 64 rows, 40 epochs of 5 steps" OR NOT out MATCHES "\ndone 200 steps")
-  message(FATAL_ERROR "train_csv --batch 64 --epochs 40 exited ${rc} or printed no mini-batch header\n${out}\n${err}")
+if(NOT rc EQUAL 0 OR NOT out MATCHES "mini-batches of 64 rows, 60 epochs of 5 steps" OR NOT out MATCHES "\ndone 300 steps")
+  message(FATAL_ERROR "train_csv --batch 64 --epochs 60 exited ${rc} or printed no mini-batch header\n${out}\n${err}")
 endif()
 if(NOT out MATCHES "\ntrain mse ([^ ]+) test mse ([^ \n]+)\n" OR NOT CMAKE_MATCH_2 LESS 0.125 OR NOT CMAKE_MATCH_1 LESS 0.125)
   message(FATAL_ERROR "mini-batches: expected train and test MSE near the noise variance 0.0833\n${out}")
 endif()
 string(REGEX MATCH "train mse [^\n]+" mb_one_go "${out}")
 file(REMOVE "${WORK}/mb.ckpt")
-run_train_csv(out err rc "${WORK}/linear.csv" ${common} --batch 64 --epochs 20 --checkpoint "${WORK}/mb.ckpt")
-run_train_csv(out err rc "${WORK}/linear.csv" ${common} --batch 64 --epochs 20 --checkpoint "${WORK}/mb.ckpt")
+run_train_csv(out err rc "${WORK}/linear.csv" ${common} --batch 64 --epochs 30 --checkpoint "${WORK}/mb.ckpt")
+run_train_csv(out err rc "${WORK}/linear.csv" ${common} --batch 64 --epochs 30 --checkpoint "${WORK}/mb.ckpt")
 string(REGEX MATCH "train mse [^\n]+" mb_resumed "${out}")
-if(NOT rc EQUAL 0 OR NOT out MATCHES "resumed from [^\n]*mb.ckpt at step 100" OR NOT mb_resumed STREQUAL mb_one_go)
-  message(FATAL_ERROR "mini-batches, 20 + 20 epochs through a checkpoint gave '${mb_resumed}', 40 epochs '${mb_one_go}'\n${out}\n${err}")
+if(NOT rc EQUAL 0 OR NOT out MATCHES "resumed from [^\n]*mb.ckpt at step 150" OR NOT mb_resumed STREQUAL mb_one_go)
+  message(FATAL_ERROR "mini-batches, 30 + 30 epochs through a checkpoint gave '${mb_resumed}', 60 epochs '${mb_one_go}'\n${out}\n${err}")
 endif()
 
 # ---- without --allow-cpu-devices on a CPU build: the refusal and exit 77
