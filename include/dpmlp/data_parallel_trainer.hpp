@@ -124,6 +124,7 @@ void call_begin(const TrainInfo& info, C&... cbs) {
     if constexpr (has_begin<std::decay_t<decltype(cb)>>::value) cb.begin_training(info);
   };
   (one(cbs), ...);
+  (void)one;  // an empty pack never calls it
 }
 // True when any callback asks to stop. Every callback is called, even after one asked.
 template <class... C>
@@ -140,6 +141,7 @@ bool call_end_step(const StepInfo& info, C&... cbs) {
     }
   };
   (one(cbs), ...);
+  (void)one;
   return stop;
 }
 // True when any callback asks to stop after this epoch.
@@ -157,6 +159,7 @@ bool call_end_epoch(const EpochInfo& info, C&... cbs) {
     }
   };
   (one(cbs), ...);
+  (void)one;
   return stop;
 }
 template <class... C>
@@ -165,6 +168,7 @@ void call_end(const TrainResult& r, C&... cbs) {
     if constexpr (has_end<std::decay_t<decltype(cb)>>::value) cb.end_training(r);
   };
   (one(cbs), ...);
+  (void)one;  // an empty pack never calls it
 }
 }  // namespace detail
 

@@ -16,14 +16,12 @@ bench() {  # bench <ranks> <args...>
   echo "\$ mpirun -np $np train_bench $*"
   timeout 150 mpirun -np "$np" -x NCCL_NVLS_ENABLE "$B/benchmarks/train_bench" "$@" 2>&1 | tee -a "$OUT/profile.jsonl"
 }
-for np in 2 1; do
-  for cfg in "20000 32" "1048576 32" "1048576 256" "4194304 256"; do
-    set -- $cfg
-    bench $np --rows "$1" --hidden "$2" --breakdown
-  done
-  bench $np --rows 20000 --hidden 32 --breakdown --reduction fast
+for cfg in "20000 32" "1048576 32" "1048576 256" "4194304 256"; do
+  set -- $cfg
+  bench 2 --rows "$1" --hidden "$2" --breakdown
 done
-bench 2 --rows 4194304 --hidden 256 --breakdown --reduction fast --engine layered
+bench 2 --rows 20000 --hidden 32 --breakdown --reduction fast
+bench 1 --rows 20000 --hidden 32 --breakdown
 # Per-kernel GPU time, where a profiler is installed.
 tool=""
 for t in ncu nsys; do
@@ -37,7 +35,15 @@ case "$tool" in
   *ncu)
     timeout 200 "$tool" -c 24 --metrics gpu__time_duration.sum "$B/benchmarks/train_bench" "${args[@]}" \
       > "$OUT/ncu-seed.txt" 2>&1
-    grep -E "dpmlp|Kokkos|nccl|gpu__time_duration" "$OUT/ncu-seed.txt" | head -60 ;;
+    grep -E "gpu__time_duration|Fused|tree_reduce|combine" "$OUT/ncu-seed.txt" | sed -E 's/void Kokkos::cuda_parallel_launch_local_memory<Kokkos::Parallel(For|Reduce)<//' | cut -c1-140 | tail -24
+    # Why the fused kernel takes what it takes: occupancy, throughput, warp stalls.
+    for k in FusedOneHidden tree_reduce_local; do
+      timeout 200 "$tool" --kernel-name-base demangled -k "regex:$k" -c 1 --section SpeedOfLight \
+        --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+        --section InstructionStats --section MemoryWorkloadAnalysis "$B/benchmarks/train_bench" "${args[@]}" \
+        > "$OUT/ncu-$k.txt" 2>&1
+      grep -vE "^==|^\{" "$OUT/ncu-$k.txt" | grep -E "[0-9]" | cut -c1-120 | head -70
+    done ;;
   *nsys)
     timeout 200 "$tool" profile --stats=true -f true -o "$OUT/nsys-seed" "$B/benchmarks/train_bench" "${args[@]}" \
       > "$OUT/nsys-seed.txt" 2>&1

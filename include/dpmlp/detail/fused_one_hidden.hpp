@@ -164,33 +164,103 @@ struct FusedOneHiddenKernel {
   // IPT x 4 entries of dW0 and adds the chunk's rows in order; groups 0 and 1 also own db0 and dW1 for
   // their 4 units.
   KOKKOS_FORCEINLINE_FUNCTION void accumulate(int t, int n, const Scalar* xs, const Scalar* hs, const Scalar* dhs,
-                                         const Scalar* ds, Scalar (&acc)[MaxIPT][TJ], Scalar (&ab0)[TJ],
-                                         Scalar (&aw1)[TJ][MaxOut]) const {
-    const int jt = t % NJ, ig = t / NJ, j0 = jt * TJ, i0 = ig * IPT;
+                                              const Scalar* ds, Scalar (&acc)[MaxIPT][TJ], Scalar (&ab0)[TJ],
+                                              Scalar (&aw1)[TJ][MaxOut]) const {
+    // IPT as a compile-time constant: a loop to MaxIPT with a guard would issue every guarded-off FMA too.
+    switch (IPT) {
+      case 1: accumulate_k<1>(t, n, xs, hs, dhs, ds, acc, ab0, aw1); break;
+      case 2: accumulate_k<2>(t, n, xs, hs, dhs, ds, acc, ab0, aw1); break;
+      case 4: accumulate_k<4>(t, n, xs, hs, dhs, ds, acc, ab0, aw1); break;
+      case 8: accumulate_k<8>(t, n, xs, hs, dhs, ds, acc, ab0, aw1); break;
+      default:
+        if constexpr (MaxIPT >= 16) accumulate_k<16>(t, n, xs, hs, dhs, ds, acc, ab0, aw1);
+        break;
+    }
+  }
+
+  template <int K>
+  KOKKOS_FORCEINLINE_FUNCTION void accumulate_k(int t, int n, const Scalar* xs, const Scalar* hs, const Scalar* dhs,
+                                                const Scalar* ds, Scalar (&acc)[MaxIPT][TJ], Scalar (&ab0)[TJ],
+                                                Scalar (&aw1)[TJ][MaxOut]) const {
+    const int jt = t % NJ, ig = t / NJ, j0 = jt * TJ, i0 = ig * K;
     for (int r = 0; r < n; ++r) {
       Scalar d[TJ];
       DPMLP_UNROLL
       for (int q = 0; q < TJ; ++q) d[q] = dhs[r * HP + j0 + q];
       DPMLP_UNROLL
-      for (int a = 0; a < MaxIPT; ++a) {
-        if (a < IPT) {
-          const Scalar xv = xs[r * NI + i0 + a];
-          DPMLP_UNROLL
-          for (int q = 0; q < TJ; ++q) acc[a][q] += xv * d[q];
-        }
+      for (int a = 0; a < K; ++a) {
+        const Scalar xv = xs[r * NI + i0 + a];
+        DPMLP_UNROLL
+        for (int q = 0; q < TJ; ++q) acc[a][q] += xv * d[q];
       }
       if (ig == 0) {
         DPMLP_UNROLL
         for (int q = 0; q < TJ; ++q) ab0[q] += d[q];
       } else if (ig == 1) {
-        DPMLP_UNROLL
-        for (int o = 0; o < MaxOut; ++o) {
-          if (o < NO) {
-            const Scalar dv = ds[r * NO + o];
-            DPMLP_UNROLL
-            for (int q = 0; q < TJ; ++q) aw1[q][o] += hs[r * HP + j0 + q] * dv;
+        if (NO == 1) {
+          const Scalar dv = ds[r];
+          DPMLP_UNROLL
+          for (int q = 0; q < TJ; ++q) aw1[q][0] += hs[r * HP + j0 + q] * dv;
+        } else {
+          DPMLP_UNROLL
+          for (int o = 0; o < MaxOut; ++o) {
+            if (o < NO) {
+              const Scalar dv = ds[r * NO + o];
+              DPMLP_UNROLL
+              for (int q = 0; q < TJ; ++q) aw1[q][o] += hs[r * HP + j0 + q] * dv;
+            }
           }
         }
+      }
+    }
+  }
+
+  // Forward for logical thread t: R rows x 4 hidden units (R = TR, a compile-time constant here), their
+  // activations into hs, and its segment of each output into seg.
+  template <int R>
+  KOKKOS_FORCEINLINE_FUNCTION void forward_tile(int t, const Scalar* xs, const Scalar* w0s, const Scalar* b0s,
+                                                const Scalar* w1s, Scalar* hs, Scalar* seg) const {
+    const int jt = t % NJ, rt = t / NJ, j0 = jt * TJ;
+    Scalar h[R][TJ] = {};
+    auto add_row = [&](int i, const Scalar (&w)[TJ]) {
+      DPMLP_UNROLL
+      for (int a = 0; a < R; ++a) {
+        const Scalar xv = xs[(rt * R + a) * NI + i];
+        DPMLP_UNROLL
+        for (int q = 0; q < TJ; ++q) h[a][q] += xv * w[q];
+      }
+    };
+    if (w0_shared) {  // W0 from scratch, zero-padded to NI rows
+      DPMLP_UNROLL
+      for (int i = 0; i < NI; ++i) {
+        Scalar w[TJ];
+        DPMLP_UNROLL
+        for (int q = 0; q < TJ; ++q) w[q] = w0s[i * HP + j0 + q];
+        add_row(i, w);
+      }
+    } else {  // W0 from global memory
+      for (int i = 0; i < n_in; ++i) {
+        Scalar w[TJ];
+        DPMLP_UNROLL
+        for (int q = 0; q < TJ; ++q) w[q] = j0 + q < H ? params[w0off + i * H + j0 + q] : Scalar(0);
+        add_row(i, w);
+      }
+    }
+    DPMLP_UNROLL
+    for (int a = 0; a < R; ++a) {
+      const int r = rt * R + a;
+      DPMLP_UNROLL
+      for (int q = 0; q < TJ; ++q) {
+        h[a][q] = activate(act, h[a][q] + b0s[j0 + q]);
+        hs[r * HP + j0 + q] = h[a][q];
+      }
+      DPMLP_UNROLL
+      for (int o = 0; o < MaxOut; ++o) {
+        if (o >= NO) continue;
+        Scalar p = Scalar(0);
+        DPMLP_UNROLL
+        for (int q = 0; q < TJ; ++q) p += h[a][q] * w1s[(j0 + q) * NO + o];
+        seg[(r * NO + o) * NJ + jt] = p;
       }
     }
   }
@@ -299,42 +369,10 @@ struct FusedOneHiddenKernel {
       // Forward: logical thread (row tile rt, hidden tile jt) computes TR rows x 4 hidden units, and its
       // share of each output: the sum over its 4 units, a segment of the output unit's sum.
       each(team, T, [&](int t) {
-        const int jt = t % NJ, rt = t / NJ, j0 = jt * TJ;
-        Scalar h[MaxTR][TJ] = {};
-        // W0's row i for this thread's 4 units: from scratch (zero-padded), else from global memory.
-        const int n_i = w0_shared ? NI : n_in;
-        for (int i = 0; i < n_i; ++i) {
-          Scalar w[TJ];
-          DPMLP_UNROLL
-          for (int q = 0; q < TJ; ++q) {
-            w[q] = w0_shared ? w0s[i * HP + j0 + q] : (j0 + q < H ? params[w0off + i * H + j0 + q] : Scalar(0));
-          }
-          DPMLP_UNROLL
-          for (int a = 0; a < MaxTR; ++a) {
-            if (a < TR) {
-              const Scalar xv = xs[(rt * TR + a) * NI + i];
-              DPMLP_UNROLL
-              for (int q = 0; q < TJ; ++q) h[a][q] += xv * w[q];
-            }
-          }
-        }
-        DPMLP_UNROLL
-        for (int a = 0; a < MaxTR; ++a) {
-          if (a >= TR) continue;
-          const int r = rt * TR + a;
-          DPMLP_UNROLL
-          for (int q = 0; q < TJ; ++q) {
-            h[a][q] = activate(act, h[a][q] + b0s[j0 + q]);
-            hs[r * HP + j0 + q] = h[a][q];
-          }
-          DPMLP_UNROLL
-          for (int o = 0; o < MaxOut; ++o) {
-            if (o >= NO) continue;
-            Scalar p = Scalar(0);
-            DPMLP_UNROLL
-            for (int q = 0; q < TJ; ++q) p += h[a][q] * w1s[(j0 + q) * NO + o];
-            dhs[(r * NO + o) * NJ + jt] = p;
-          }
+        switch (TR) {
+          case 1: forward_tile<1>(t, xs, w0s, b0s, w1s, hs, dhs); break;
+          case 2: forward_tile<2>(t, xs, w0s, b0s, w1s, hs, dhs); break;
+          default: forward_tile<4>(t, xs, w0s, b0s, w1s, hs, dhs); break;
         }
       });
       team.team_barrier();
