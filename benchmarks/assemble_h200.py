@@ -19,7 +19,9 @@ gpus = open(f"{session}/gpus.txt").read().strip().splitlines()
 
 
 def config(r):
-    return f"{r['comm']}/{r['reduction']}/{r['gemm']}" + ("/graph" if r.get("graph") else "")
+    engine = r.get("engine", "layered")
+    engine = "fused" if engine == "fused" else f"layered-{r['gemm']}"
+    return f"{r['comm']}/{r['reduction']}/{engine}" + ("/graph" if r.get("graph") else "")
 
 
 rows_out = []

@@ -21,15 +21,13 @@ date -u | tee "$OUT/date.txt"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpus.txt"
 for np in 2 1; do
   bench $np 120 --rows 20000 --hidden 32 --graph
-  bench $np 120 --rows 20000 --hidden 32
   bench $np 120 --rows 20000 --hidden 32 --reduction fast --graph
   bench $np 120 --rows 1048576 --hidden 32 --graph
-  bench $np 120 --rows 1048576 --hidden 32 --reduction fast --graph
-  bench $np 150 --rows 1048576 --hidden 256 --reduction fast --repeats 3
-  bench $np 150 --rows 1048576 --hidden 256 --repeats 3
-  bench $np 200 --rows 4194304 --hidden 256 --reduction fast --repeats 3
+  bench $np 150 --rows 1048576 --hidden 256 --graph --repeats 3
+  bench $np 200 --rows 4194304 --hidden 256 --graph --repeats 3
 done
-bench 2 200 --rows 4194304 --hidden 256 --repeats 3
+# The layered engine with cuBLAS (Reduction::fast), for comparison at the FMA-bound size.
+bench 2 200 --rows 4194304 --hidden 256 --reduction fast --engine layered --repeats 3
 (cd "$OUT" && OUT="$OUT" timeout 300 python3 "$OLDPWD/$ANCHORS/jax_ref.py" > "$OUT/jax_ref.log" 2>&1; echo "jax_ref exit $?")
 tail -6 "$OUT/jax_ref.log"
 (cd "$OUT" && OUT="$OUT" timeout 300 torchrun --nproc_per_node=2 "$OLDPWD/$ANCHORS/ddp_ref.py" > "$OUT/ddp_ref.log" 2>&1; echo "ddp_ref exit $?")

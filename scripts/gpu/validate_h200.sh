@@ -46,7 +46,7 @@ for step in $steps; do
       run "multi_gpu_train, 2 GPUs, NCCL (default)" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE $B/examples/multi_gpu_train
       run "multi_gpu_train, 2 GPUs, NCCL, CUDA graph" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE $B/examples/multi_gpu_train --graph
       run "multi_gpu_train, 2 GPUs, MPI communicator" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE $B/examples/multi_gpu_train --comm mpi
-      run "multi_gpu_train, 2 GPUs, fast reduction (cuBLAS)" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE $B/examples/multi_gpu_train --reduction fast
+      run "multi_gpu_train, 2 GPUs, fast reduction" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE $B/examples/multi_gpu_train --reduction fast
       ;;
     refuse)
       run "multi_gpu_train with one visible GPU (expect the refusal, exit 77)" 120 \
