@@ -286,14 +286,10 @@ class BlockEngine {
                    0, out.data(), n_out, std::int64_t(block_) * n_out, block_ * n_in);
       const Activation act = l + 1 == model_.layers() ? Activation::identity : model_.activation();
       const auto bias = model_.bias(l);
-      const std::int64_t total = rows_ * n_out;
+      // A 2-D range: no per-element index division (a 64-bit division is the costliest thing in this loop).
       Kokkos::parallel_for(
-          "dpmlp::bias_activation", Kokkos::RangePolicy<ExecSpace>(space, 0, total),
-          KOKKOS_LAMBDA(const std::int64_t idx) {
-            const std::int64_t r = idx / n_out;
-            const int j = static_cast<int>(idx % n_out);
-            out(r, j) = activate(act, out(r, j) + bias(j));
-          });
+          "dpmlp::bias_activation", md_policy(space, rows_, n_out),
+          KOKKOS_LAMBDA(const std::int64_t r, const std::int64_t j) { out(r, j) = activate(act, out(r, j) + bias(j)); });
       in = out;
     }
   }
@@ -383,13 +379,19 @@ class BlockEngine {
       const auto a = acts_[l - 1];
       const Activation act = model_.activation();
       Kokkos::parallel_for(
-          "dpmlp::activation_grad", Kokkos::RangePolicy<ExecSpace>(space, 0, rows * n_in),
-          KOKKOS_LAMBDA(const std::int64_t idx) {
-            const std::int64_t r = idx / n_in;
-            const int i = static_cast<int>(idx % n_in);
+          "dpmlp::activation_grad", md_policy(space, rows, n_in),
+          KOKKOS_LAMBDA(const std::int64_t r, const std::int64_t i) {
             dn(r, i) *= activate_grad_from_output(act, a(r, i));
           });
     }
+  }
+
+  // rows x cols, the column index fastest (LayoutRight data).
+  using md_policy_t = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2, Kokkos::Iterate::Right, Kokkos::Iterate::Right>,
+                                            Kokkos::IndexType<std::int64_t>>;
+  static md_policy_t md_policy(const ExecSpace& space, std::int64_t rows, std::int64_t cols) {
+    typename md_policy_t::point_type lower{{0, 0}}, upper{{rows, cols}};
+    return md_policy_t(space, lower, upper);
   }
 
   template <int NI>
