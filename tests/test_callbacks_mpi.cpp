@@ -58,6 +58,17 @@ struct Bookends {
     result_steps = r.steps;
   }
 };
+// Every hook, recorded in order: "b" begin_training, "s<N>" begin_step, "e<N>" end_step, "E<N>" begin_epoch,
+// "X<N>" end_epoch, "t" end_training.
+struct Journal {
+  std::vector<std::string> events;
+  void begin_training(const dpmlp::TrainInfo&) { events.push_back("b"); }
+  void begin_step(std::int64_t step) { events.push_back("s" + std::to_string(step)); }
+  void end_step(const dpmlp::StepInfo& s) { events.push_back("e" + std::to_string(s.step)); }
+  void begin_epoch(std::int64_t epoch) { events.push_back("E" + std::to_string(epoch)); }
+  void end_epoch(const dpmlp::EpochInfo& e) { events.push_back("X" + std::to_string(e.epoch)); }
+  void end_training(const dpmlp::TrainResult&) { events.push_back("t"); }
+};
 // Stops after a fixed step (bool end_step only).
 struct StopAt {
   std::int64_t at;
@@ -131,6 +142,20 @@ TEST_CASE("custom callbacks with only some hooks compile and are called", "[call
   CHECK(ends.result_steps == 7);
   // A temporary works too (callbacks are taken by forwarding reference).
   CHECK(trainer.train(4, CountSteps{}).steps == 4);
+}
+
+TEST_CASE("every hook is called in order, in train and in train_epochs", "[callbacks][mpi]") {
+  Setup s;
+  Trainer trainer(MPI_COMM_WORLD, s.model, s.p.rows, dpmlp::Sgd(0.05));
+  s.feed(trainer);
+  Journal j;
+  trainer.train(2, j);
+  CHECK(j.events == std::vector<std::string>{"b", "s1", "e1", "s2", "e2", "t"});
+  j.events.clear();
+  // 2 steps an epoch (batches of s.p.rows / 2, rounded up), 2 epochs, after the 2 steps above.
+  trainer.train_epochs(2, (s.p.rows + 1) / 2, 3, j);
+  CHECK(j.events == std::vector<std::string>{"b", "E2", "s3", "e3", "s4", "e4", "X2", "E3", "s5", "e5", "s6", "e6",
+                                             "X3", "t"});
 }
 
 TEST_CASE("ProgressBar inside a trainer: lines on rank 0, nothing elsewhere", "[callbacks][mpi]") {

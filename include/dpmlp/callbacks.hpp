@@ -8,7 +8,10 @@
 //
 // A callback is any object with some of the optional hooks (data_parallel_trainer.hpp):
 //   void begin_training(const TrainInfo&);     // once, before the first step of a train() call
+//   void begin_step(std::int64_t step);        // before every step (its 1-based number over all calls)
 //   bool end_step(const StepInfo&);            // after every step; true asks to stop (void: never stops)
+//   void begin_epoch(std::int64_t epoch);      // train_epochs only: before every epoch (1-based)
+//   bool end_epoch(const EpochInfo&);          // train_epochs only: after every epoch; true asks to stop
 //   void end_training(const TrainResult&);     // once, after the last step
 // The trainer passes callbacks by reference, so their state (a history, the best loss) is there to read
 // after train() returns.

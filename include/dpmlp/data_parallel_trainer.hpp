@@ -113,6 +113,32 @@ struct has_end<C, std::void_t<decltype(std::declval<C&>().end_training(std::decl
     : std::true_type {};
 
 template <class C, class = void>
+struct has_begin_step : std::false_type {};
+template <class C>
+struct has_begin_step<C, std::void_t<decltype(std::declval<C&>().begin_step(std::int64_t()))>> : std::true_type {};
+template <class C, class = void>
+struct has_begin_epoch : std::false_type {};
+template <class C>
+struct has_begin_epoch<C, std::void_t<decltype(std::declval<C&>().begin_epoch(std::int64_t()))>> : std::true_type {};
+// begin_step(step) / begin_epoch(epoch): the 1-based number, over all train calls, of what is about to run.
+template <class... C>
+void call_begin_step(std::int64_t step, C&... cbs) {
+  auto one = [&](auto& cb) {
+    if constexpr (has_begin_step<std::decay_t<decltype(cb)>>::value) cb.begin_step(step);
+  };
+  (one(cbs), ...);
+  (void)one;
+}
+template <class... C>
+void call_begin_epoch(std::int64_t epoch, C&... cbs) {
+  auto one = [&](auto& cb) {
+    if constexpr (has_begin_epoch<std::decay_t<decltype(cb)>>::value) cb.begin_epoch(epoch);
+  };
+  (one(cbs), ...);
+  (void)one;
+}
+
+template <class C, class = void>
 struct has_end_epoch : std::false_type {};
 template <class C>
 struct has_end_epoch<C, std::void_t<decltype(std::declval<C&>().end_epoch(std::declval<const EpochInfo&>()))>>
@@ -294,6 +320,7 @@ class DataParallelTrainer {
     int done = 0;
     bool stop = false;
     while (done < steps && !stop) {
+      detail::call_begin_step(steps_done_ + done + 1, callback, more...);
       const auto t0 = std::chrono::steady_clock::now();
       step();
       Scalar loss = 0;
@@ -317,7 +344,8 @@ class DataParallelTrainer {
   // A step still reads the shard's every row (rows outside the batch contribute exact zeros): the batch's
   // sums keep the block tree's shape, so the reproducible reduction gives the same bits at any rank count.
   // The cost of a step is that of a full-batch step. CUDA graphs are not used here.
-  // Callbacks as in train(steps, callbacks...), plus an optional bool end_epoch(const EpochInfo&).
+  // Callbacks as in train(steps, callbacks...), plus the optional void begin_epoch(std::int64_t epoch) and
+  // bool end_epoch(const EpochInfo&).
   template <class... Callbacks>
   TrainResult train_epochs(int epochs, std::int64_t batch_rows, std::uint64_t seed, Callbacks&&... callbacks) {
     std::string problem;
@@ -350,8 +378,10 @@ class DataParallelTrainer {
       for (std::int64_t r = 0; r < rows; ++r) host_pos(r) = pos[first + r];
       Kokkos::deep_copy(space_, positions_, host_pos);
       const int epoch_start = done;
+      detail::call_begin_epoch(first_epoch + e + 1, callbacks...);
       for (std::int64_t k = 0; k < per_epoch && !stop; ++k) {
         const std::int64_t lo = k * batch_rows, hi = std::min(global_rows_, lo + batch_rows);
+        detail::call_begin_step(steps_done_ + done + 1, callbacks...);
         const auto t0 = std::chrono::steady_clock::now();
         step(Scalar(1.0 / (static_cast<double>(hi - lo) * model_.outputs())),
              detail::RowWindow{positions_.data(), lo, hi});
