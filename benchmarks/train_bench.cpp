@@ -79,14 +79,19 @@ struct Timing {
   dpmlp::Engine engine = dpmlp::Engine::layered;
 };
 
-template <class Comm>
-Timing time_runs(MPI_Comm comm, const Options& o, int repeats, int warmup) {
-  const int features = dpmlp::Standardizer::features(o.cols);
+dpmlp::TrainerOptions trainer_options(const Options& o) {
   dpmlp::TrainerOptions topt;
   topt.reduction = o.reduction == "fast" ? dpmlp::Reduction::fast : dpmlp::Reduction::reproducible;
   topt.block_rows = o.block_rows;
   topt.cuda_graph = o.graph;
   topt.engine = o.engine;
+  return topt;
+}
+
+template <class Comm>
+Timing time_runs(MPI_Comm comm, const Options& o, int repeats, int warmup) {
+  const int features = dpmlp::Standardizer::features(o.cols);
+  const dpmlp::TrainerOptions topt = trainer_options(o);
   const dpmlp::Sgd sgd(o.rate);
   dpmlp::Mlp<float, Memory> initial({features, o.hidden, 1});
   initial.init_jax(dpmlp::random::PRNGKey(1), 0.1f);
@@ -176,10 +181,8 @@ int breakdown(const Options& o) {
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
   const int features = dpmlp::Standardizer::features(o.cols);
-  dpmlp::TrainerOptions topt;
-  topt.reduction = o.reduction == "fast" ? dpmlp::Reduction::fast : dpmlp::Reduction::reproducible;
-  topt.block_rows = o.block_rows;
-  topt.engine = o.engine;
+  dpmlp::TrainerOptions topt = trainer_options(o);
+  topt.cuda_graph = false;  // the pieces are timed one by one; step_us sets it per measurement
   const dpmlp::Sgd sgd(o.rate);
   dpmlp::Mlp<float, Memory> model({features, o.hidden, 1});
   model.init_jax(dpmlp::random::PRNGKey(1), 0.1f);

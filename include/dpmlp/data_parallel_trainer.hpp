@@ -224,6 +224,7 @@ class DataParallelTrainer {
       : comm_(comm), model_(model), optimizer_(optimizer), options_(options), space_(space) {
     MPI_Comm c = comm_.mpi_comm();
     std::string problem;
+    Engine engine_kind = Engine::layered;
     try {
       optimizer.validate();
     } catch (const InputError& e) {
@@ -238,7 +239,7 @@ class DataParallelTrainer {
       problem = "block_rows must be positive (or 0 for the default)";
     } else {
       try {
-        engine_kind_ = detail::BlockEngine<ExecSpace, Scalar>::resolve_engine(model, options.engine);
+        engine_kind = detail::BlockEngine<ExecSpace, Scalar>::resolve_engine(model, options.engine);
       } catch (const InputError& e) {
         problem = e.what();
       }
@@ -248,7 +249,7 @@ class DataParallelTrainer {
     block_ = options.block_rows > 0 ? options.block_rows : default_block_rows(global_rows);
     plan_ = BlockTreePlan(global_rows, block_, comm_.rank(), comm_.size());
     gemm_ = options.gemm ? *options.gemm : linalg::default_backend<ExecSpace>(options.reduction == Reduction::reproducible);
-    engine_ = detail::BlockEngine<ExecSpace, Scalar>(model_, plan_.shard().rows(), block_, gemm_, engine_kind_);
+    engine_ = detail::BlockEngine<ExecSpace, Scalar>(model_, plan_.shard().rows(), block_, gemm_, engine_kind);
     reducer_ = BlockTreeReducer<ExecSpace, Scalar>(plan_, engine_.width(), options.reduction);
     state_ = Kokkos::View<Scalar*, memory_space>("dpmlp::optimizer_state", optimizer.state_size(model_.num_params()));
     sync_parameters();
@@ -260,7 +261,7 @@ class DataParallelTrainer {
   std::int64_t global_rows() const { return global_rows_; }
   std::int64_t block_rows() const { return block_; }
   linalg::Backend gemm_backend() const { return gemm_; }
-  Engine engine() const { return engine_kind_; }
+  Engine engine() const { return engine_.engine(); }
   const TrainerOptions& options() const { return options_; }
   const Optimizer& optimizer() const { return optimizer_; }
   // The optimizer's state (optimizer().state_size(num_params) values), e.g. for checkpoints.
@@ -320,16 +321,7 @@ class DataParallelTrainer {
     int done = 0;
     bool stop = false;
     while (done < steps && !stop) {
-      detail::call_begin_step(steps_done_ + done + 1, callback, more...);
-      const auto t0 = std::chrono::steady_clock::now();
-      step();
-      Scalar loss = 0;
-      Kokkos::deep_copy(space_, loss, Kokkos::subview(losses_, done));
-      compat::fence(space_, "dpmlp::DataParallelTrainer::train (callbacks)");
-      ++done;
-      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      const StepInfo si{steps_done_ + done, done, static_cast<double>(loss), ms};
-      stop = detail::call_end_step(si, callback, more...);
+      stop = step_with_callbacks(done++, [&] { step(); }, callback, more...);
     }
     const TrainResult r = end_run(done);
     detail::call_end(r, callback, more...);
@@ -381,19 +373,16 @@ class DataParallelTrainer {
       detail::call_begin_epoch(first_epoch + e + 1, callbacks...);
       for (std::int64_t k = 0; k < per_epoch && !stop; ++k) {
         const std::int64_t lo = k * batch_rows, hi = std::min(global_rows_, lo + batch_rows);
-        detail::call_begin_step(steps_done_ + done + 1, callbacks...);
-        const auto t0 = std::chrono::steady_clock::now();
-        step(Scalar(1.0 / (static_cast<double>(hi - lo) * model_.outputs())),
-             detail::RowWindow{positions_.data(), lo, hi});
-        ++done;
+        const auto batch_step = [&] {
+          step(Scalar(1.0 / (static_cast<double>(hi - lo) * model_.outputs())),
+               detail::RowWindow{positions_.data(), lo, hi});
+        };
         if constexpr (sizeof...(Callbacks) > 0) {
-          Scalar loss = 0;
-          Kokkos::deep_copy(space_, loss, Kokkos::subview(losses_, done - 1));
-          compat::fence(space_, "dpmlp::DataParallelTrainer::train_epochs (callbacks)");
-          const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-          stop = detail::call_end_step(StepInfo{steps_done_ + done, done, static_cast<double>(loss), ms},
-                                       callbacks...);
+          stop = step_with_callbacks(done, batch_step, callbacks...);
+        } else {
+          batch_step();  // no callbacks: nothing is read back until the run ends
         }
+        ++done;
       }
       // The host buffer must not change while the copy to the device may still read it.
       compat::fence(space_, "dpmlp::DataParallelTrainer::train_epochs (epoch)");
@@ -411,6 +400,21 @@ class DataParallelTrainer {
     const TrainResult r = end_run(done);
     detail::call_end(r, callbacks...);
     return r;
+  }
+
+  // One step of a run with callbacks: begin_step, the step (`enqueue`), its loss read on the host, end_step.
+  // `done`: the steps this run took before it. True when a callback asks to stop.
+  template <class Enqueue, class... Callbacks>
+  bool step_with_callbacks(int done, const Enqueue& enqueue, Callbacks&... callbacks) {
+    detail::call_begin_step(steps_done_ + done + 1, callbacks...);
+    const auto t0 = std::chrono::steady_clock::now();
+    enqueue();
+    Scalar loss = 0;
+    Kokkos::deep_copy(space_, loss, Kokkos::subview(losses_, done));
+    compat::fence(space_, "dpmlp::DataParallelTrainer (callbacks)");
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return detail::call_end_step(StepInfo{steps_done_ + done + 1, done + 1, static_cast<double>(loss), ms},
+                                 callbacks...);
   }
 
   // Steps taken so far (over all train() calls). A checkpoint restores it (the optimizer's step count).
@@ -559,7 +563,6 @@ class DataParallelTrainer {
   std::int64_t global_rows_ = 0, block_ = 1, steps_done_ = 0;
   BlockTreePlan plan_;
   linalg::Backend gemm_ = linalg::Backend::portable;
-  Engine engine_kind_ = Engine::layered;
   detail::BlockEngine<ExecSpace, Scalar> engine_;
   BlockTreeReducer<ExecSpace, Scalar> reducer_;
   const_matrix x_, y_;

@@ -180,7 +180,10 @@ class BlockEngine {
     blocks_ = (rows + block - 1) / block;
     width_ = static_cast<std::int64_t>(model.num_params()) + 1;  // + the sum of squared residuals
     partials_ = matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::partials"), blocks_, width_);
-    if (fused_) return;  // the fused kernel keeps its activations in team scratch
+    if (fused_) {  // the fused kernel keeps its activations in team scratch; its shape is fixed now
+      layout_ = fused_layout(model);
+      return;
+    }
     int widest = 0;
     for (int w : model.widths()) widest = w > widest ? w : widest;
     for (int l = 1; l <= model.layers(); ++l) {
@@ -398,7 +401,7 @@ class BlockEngine {
   void compute_fused(const ExecSpace& space, const const_matrix& x, const const_matrix& y, Scalar scale,
                      const RowWindow& window) const {
     using kernel_t = fused_kernel<NI>;
-    auto k = make_fused_kernel<NI>(model_, fused_layout(model_));
+    auto k = make_fused_kernel<NI>(model_, layout_);
     k.x = x.data();
     k.y = y.data();
     k.partials = partials_.data();
@@ -481,6 +484,7 @@ class BlockEngine {
   std::int64_t rows_ = 0, block_ = 1, blocks_ = 0, width_ = 0;
   linalg::Backend gemm_ = linalg::Backend::portable;
   bool fused_ = false;
+  FusedLayout layout_;  // the fused kernel's shape (fused_ only)
   matrix partials_;
   std::vector<matrix> acts_;
   matrix delta_[2];

@@ -256,6 +256,11 @@ class BlockTreeReducer {
   }
 
   bool uses_tree() const { return plan_.size() > 1 && mode_ == Reduction::reproducible; }
+  // The subtrees this rank sums: its local nodes; fast mode sums all local blocks as one tree into slot 0.
+  int local_subtrees() const {
+    if (mode_ == Reduction::fast) return plan_.shard().local_blocks() > 0 ? 1 : 0;
+    return static_cast<int>(plan_.local_nodes().size());
+  }
   // What reduce_local staged for the collective: this rank's subtree sums, one slot a row.
   const matrix& staged() const { return send_; }
 
@@ -288,13 +293,12 @@ class BlockTreeReducer {
     const auto level_v = node_level_;
     const std::int64_t local_blocks = plan_.shard().local_blocks();
     const bool fast = mode_ == Reduction::fast;
-    const int nodes = fast ? (local_blocks > 0 ? 1 : 0) : static_cast<int>(plan_.local_nodes().size());
-    const int slots = static_cast<int>(send_.extent(0));
+    const int nodes = local_subtrees();
     const std::int64_t W = width_;
     const int cw_max = scratch_cols_;
     const std::int64_t chunks = (W + cw_max - 1) / cw_max;
     const std::size_t bytes = static_cast<std::size_t>(scratch_rows_) * cw_max * sizeof(Scalar);
-    (void)slots;  // unused slots (fewer subtrees than the widest rank has) were zeroed once, at construction
+    // Unused slots (fewer subtrees than the widest rank has) were zeroed once, at construction.
     if (nodes == 0) return;
     // A team is lanes x cw_max threads: thread (lane, c) owns column c0 + c and every lanes-th row, so no
     // index needs a division (cw_max is a power of two; a 64-bit division costs ~100 GPU instructions).
@@ -341,8 +345,7 @@ class BlockTreeReducer {
     const auto level_v = node_level_;
     const std::int64_t local_blocks = plan_.shard().local_blocks();
     const bool fast = mode_ == Reduction::fast;
-    // Fast mode sums all local blocks as one pairwise tree into slot 0.
-    const int nodes = fast ? (local_blocks > 0 ? 1 : 0) : static_cast<int>(plan_.local_nodes().size());
+    const int nodes = local_subtrees();
     const int slots = static_cast<int>(send_.extent(0));
     const std::int64_t W = width_;
     constexpr int chunk = 32;  // columns a team owns: a warp's worth of consecutive addresses
