@@ -20,7 +20,7 @@ gpus = open(f"{session}/gpus.txt").read().strip().splitlines()
 
 def config(r):
     engine = r.get("engine", "layered")
-    engine = "fused" if engine == "fused" else f"layered-{r['gemm']}"
+    engine = engine if engine in ("fused", "tensor") else f"layered-{r['gemm']}"
     return f"{r['comm']}/{r['reduction']}/{engine}" + ("/graph" if r.get("graph") else "")
 
 

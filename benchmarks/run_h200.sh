@@ -21,12 +21,18 @@ date -u | tee "$OUT/date.txt"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpus.txt"
 for np in 2 1; do
   bench $np 120 --rows 20000 --hidden 32 --graph
+  bench $np 120 --rows 20000 --hidden 32
   bench $np 120 --rows 20000 --hidden 32 --reduction fast --graph
   bench $np 120 --rows 1048576 --hidden 32 --graph
   bench $np 150 --rows 1048576 --hidden 256 --graph --repeats 3
   bench $np 200 --rows 4194304 --hidden 256 --graph --repeats 3
 done
 # The layered engine with cuBLAS (Reduction::fast), for comparison at the FMA-bound size.
+# The SIMT fused engine at every size (the default on CUDA is the tensor engine), and the cuBLAS path.
+bench 2 120 --rows 20000 --hidden 32 --engine fused --graph
+bench 2 120 --rows 1048576 --hidden 32 --engine fused --graph
+bench 2 150 --rows 1048576 --hidden 256 --engine fused --graph --repeats 3
+bench 2 200 --rows 4194304 --hidden 256 --engine fused --graph --repeats 3
 bench 2 200 --rows 4194304 --hidden 256 --reduction fast --engine layered --repeats 3
 (cd "$OUT" && OUT="$OUT" timeout 300 python3 "$OLDPWD/$ANCHORS/jax_ref.py" > "$OUT/jax_ref.log" 2>&1; echo "jax_ref exit $?")
 tail -6 "$OUT/jax_ref.log"

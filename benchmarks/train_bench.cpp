@@ -3,7 +3,7 @@
 //
 //   mpirun -np <ranks> train_bench [--rows N] [--hidden H] [--steps S] [--repeats R] [--warmup S]
 //                                  [--comm nccl|mpi] [--reduction reproducible|fast] [--block-rows B]
-//                                  [--engine automatic|fused|layered] [--no-check] [--graph]
+//                                  [--engine automatic|fused|tensor|layered] [--no-check] [--graph]
 //                                  [--allow-cpu-devices] [--breakdown]
 //
 // --breakdown: instead, where a step's time goes on this rank count, one JSON line: microseconds per call
@@ -162,7 +162,7 @@ int bench(const Options& o) {
                 static_cast<long long>(o.rows), o.hidden, dpmlp::Standardizer::features(o.cols), o.steps, size,
                 devices, dpmlp::platform_name<ExecSpace>(), ExecSpace::name(), Comm::name(), o.reduction.c_str(),
                 dpmlp::engine_name(multi.engine),
-                multi.engine == dpmlp::Engine::fused ? "none" : dpmlp::linalg::backend_name(dpmlp::linalg::default_backend<ExecSpace>(o.reduction == "reproducible")),
+                multi.engine != dpmlp::Engine::layered ? "none" : dpmlp::linalg::backend_name(dpmlp::linalg::default_backend<ExecSpace>(o.reduction == "reproducible")),
                 o.graph ? "true" : "false", o.repeats, o.warmup);
     for (std::size_t i = 0; i < multi.ms.size(); ++i) std::printf("%s%.3f", i ? ", " : "", multi.ms[i]);
     std::printf("], \"median_ms\": %.3f, \"prep_ms\": %.3f, \"first_loss\": %.6f, \"last_loss\": %.6f, "

@@ -4,7 +4,7 @@
 //
 //   mpirun -np <gpus> multi_gpu_train [--allow-cpu-devices] [--rows N] [--hidden H] [--steps S] [--rate R]
 //                                     [--comm mpi|nccl] [--reduction reproducible|fast] [--block-rows B]
-//                                     [--warmup S] [--graph] [--engine automatic|fused|layered]
+//                                     [--warmup S] [--graph] [--engine automatic|fused|tensor|layered]
 //                                     [--allow-single-cpu-device]
 //
 // --graph: on CUDA with NCCL, capture one step as a CUDA graph and replay it (TrainerOptions::cuda_graph).
@@ -182,8 +182,8 @@ int main_with(const Options& o) {
     }
     std::printf("# native prep: %s\n", ExecSpace::name());
     const std::string engine =
-        multi.engine == dpmlp::Engine::fused
-            ? std::string("fused")
+        multi.engine != dpmlp::Engine::layered
+            ? std::string(dpmlp::engine_name(multi.engine))
             : std::string("layered (gemm: ") +
                   dpmlp::linalg::backend_name(dpmlp::linalg::default_backend<ExecSpace>(o.reduction == "reproducible")) +
                   ")";

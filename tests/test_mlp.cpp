@@ -147,6 +147,35 @@ TEST_CASE("the fused engine matches the fp64 reference", "[mlp][fused]") {
   }
 }
 
+// The tensor engine (backend/cuda_tensor_core.hpp, 3xTF32 on tensor cores) on the same shapes, where
+// it runs (a CUDA space with compute capability >= 8.0: the hardware validation); elsewhere asking for it
+// must be refused with the reason.
+TEST_CASE("the tensor engine matches the fp64 reference where it runs, and is refused elsewhere", "[mlp][tensor]") {
+  const std::vector<Problem> problems = {
+      {{32, 32, 1}, dpmlp::Activation::relu, 1000}, {{3, 5, 2}, dpmlp::Activation::tanh, 123},
+      {{40, 100, 4}, dpmlp::Activation::identity, 77}, {{16, 256, 1}, dpmlp::Activation::relu, 300},
+      {{64, 200, 3}, dpmlp::Activation::tanh, 150},  {{1, 1, 1}, dpmlp::Activation::relu, 9},
+      {{33, 64, 1}, dpmlp::Activation::relu, 260},   {{32, 256, 1}, dpmlp::Activation::relu, 3000},
+  };
+  const std::string why =
+      dpmlp::detail::BlockEngine<Space, float>::tensor_unsupported(dpmlp::Mlp<float, Memory>({32, 32, 1}));
+  if (!why.empty()) {
+    WARN("the tensor engine does not run here: " << why);
+    Kokkos::View<float**, Kokkos::LayoutRight, Memory> x("x", 10, 32), y("y", 10, 1);
+    dpmlp::Mlp<float, Memory> model({32, 32, 1});
+    Kokkos::View<float*, Memory> grad("grad", model.num_params());
+    CHECK_THROWS_WITH(dpmlp::value_and_grad(Space(), model, x, y, grad, 0, dpmlp::Engine::tensor),
+                      Catch::Contains(why));
+    return;
+  }
+  std::mt19937 gen(13);
+  for (const auto& pr : problems) {
+    for (std::int64_t block : {std::int64_t(0), std::int64_t(16), std::int64_t(100), std::int64_t(1024)}) {
+      check_against_reference(pr, block, dpmlp::Engine::tensor, gen);
+    }
+  }
+}
+
 TEST_CASE("Engine::fused refuses a model it cannot run, saying why", "[mlp][fused]") {
   Kokkos::View<float**, Kokkos::LayoutRight, Memory> x("x", 10, 4), y("y", 10, 1);
   const auto refuse = [&](std::vector<int> widths, const char* why) {

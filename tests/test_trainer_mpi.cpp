@@ -51,7 +51,7 @@ TEST_CASE("reproducible: deeper models, tanh, momentum and Adam, same bits", "[t
   }
 }
 
-TEST_CASE("fused engine: bitwise the one-device parameters", "[trainer][fused]") {
+TEST_CASE("fused and tensor engines: bitwise the one-device parameters", "[trainer][fused]") {
   struct Case {
     std::vector<int> widths;
     dpmlp::Activation act;
@@ -62,23 +62,26 @@ TEST_CASE("fused engine: bitwise the one-device parameters", "[trainer][fused]")
       {{8, 16, 1}, dpmlp::Activation::relu, 1001, 100}, {{40, 100, 3}, dpmlp::Activation::tanh, 523, 48},
   };
   for (const auto& c : cases) {
-    Problem p;
-    p.rows = c.rows;
-    p.widths = c.widths;
-    p.activation = c.act;
-    dpmlp::TrainerOptions opt;
-    opt.block_rows = c.block;
-    opt.engine = dpmlp::Engine::fused;
-    const Trained multi = train(MPI_COMM_WORLD, p, 6, opt);
-    const Trained single = train_alone(p, 6, opt);
-    INFO("rows " << c.rows << ", block " << c.block << ", hidden " << c.widths[1] << ", ranks " << size());
-    CHECK(std::memcmp(multi.params.data(), single.params.data(), multi.params.size() * sizeof(float)) == 0);
-    CHECK(multi.result.last_loss == single.result.last_loss);
-    CHECK(multi.result.last_loss < multi.result.first_loss);
-    // The layered engine computes the same function; its sums have other shapes, so only near.
-    opt.engine = dpmlp::Engine::layered;
-    const Trained layered = train_alone(p, 6, opt);
-    CHECK(max_abs_diff(layered.params, single.params) < 1e-5);
+    for (const dpmlp::Engine engine : fused_engines(c.widths)) {  // tensor: CUDA only
+      Problem p;
+      p.rows = c.rows;
+      p.widths = c.widths;
+      p.activation = c.act;
+      dpmlp::TrainerOptions opt;
+      opt.block_rows = c.block;
+      opt.engine = engine;
+      const Trained multi = train(MPI_COMM_WORLD, p, 6, opt);
+      const Trained single = train_alone(p, 6, opt);
+      INFO("engine " << dpmlp::engine_name(engine) << ", rows " << c.rows << ", block " << c.block << ", hidden "
+                     << c.widths[1] << ", ranks " << size());
+      CHECK(std::memcmp(multi.params.data(), single.params.data(), multi.params.size() * sizeof(float)) == 0);
+      CHECK(multi.result.last_loss == single.result.last_loss);
+      CHECK(multi.result.last_loss < multi.result.first_loss);
+      // The layered engine computes the same function; its sums have other shapes, so only near.
+      opt.engine = dpmlp::Engine::layered;
+      const Trained layered = train_alone(p, 6, opt);
+      CHECK(max_abs_diff(layered.params, single.params) < 1e-5);
+    }
   }
 }
 
@@ -171,10 +174,12 @@ TEST_CASE("epoch_positions: a permutation drawn from the seed and the epoch", "[
   CHECK(a != c);
 }
 
-TEST_CASE("mini-batches: the same bits at any rank count, layered and fused engines", "[trainer][minibatch]") {
+TEST_CASE("mini-batches: the same bits at any rank count, every engine", "[trainer][minibatch]") {
   Problem p;
   p.rows = 1001;
-  for (auto engine : {dpmlp::Engine::layered, dpmlp::Engine::fused}) {
+  std::vector<dpmlp::Engine> engines = fused_engines(p.widths);
+  engines.insert(engines.begin(), dpmlp::Engine::layered);
+  for (auto engine : engines) {
     for (std::int64_t batch : {std::int64_t(128), std::int64_t(1001)}) {
       dpmlp::TrainerOptions opt;
       opt.block_rows = 32;

@@ -60,6 +60,16 @@ Trained train_alone(const Problem& p, int steps, const dpmlp::TrainerOptions& op
   return train<Comm, Optimizer>(MPI_COMM_SELF, p, steps, opt, optimizer);
 }
 
+// The one-kernel engines that can run `widths` on Space here: fused always; tensor on CUDA with tensor cores.
+inline std::vector<dpmlp::Engine> fused_engines(const std::vector<int>& widths) {
+  std::vector<dpmlp::Engine> engines{dpmlp::Engine::fused};
+  dpmlp::Mlp<float, Memory> model(widths);
+  if (dpmlp::detail::BlockEngine<Space, float>::tensor_unsupported(model).empty()) {
+    engines.push_back(dpmlp::Engine::tensor);
+  }
+  return engines;
+}
+
 inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double worst = a.size() == b.size() ? 0.0 : 1e300;
   for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {

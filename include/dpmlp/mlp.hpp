@@ -12,9 +12,11 @@
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dpmlp/activation.hpp"
+#include "dpmlp/backend/cuda_tensor_core.hpp"
 #include "dpmlp/detail/fused_one_hidden.hpp"
 #include "dpmlp/errors.hpp"
 #include "dpmlp/kokkos_compat.hpp"
@@ -173,17 +175,16 @@ class BlockEngine {
   using const_matrix = Kokkos::View<const Scalar**, Kokkos::LayoutRight, memory_space>;
 
   BlockEngine() = default;
-  // engine: Engine::fused or Engine::layered (resolve_engine turns automatic into one of them).
+  // engine: Engine::fused, tensor or layered (resolve_engine turns automatic into one of them).
   BlockEngine(const Mlp<Scalar, memory_space>& model, std::int64_t rows, std::int64_t block, linalg::Backend gemm,
               Engine engine = Engine::layered)
-      : model_(model), rows_(rows), block_(block), gemm_(gemm), fused_(engine == Engine::fused) {
+      : model_(model), rows_(rows), block_(block), gemm_(gemm), kind_(engine) {
     blocks_ = (rows + block - 1) / block;
     width_ = static_cast<std::int64_t>(model.num_params()) + 1;  // + the sum of squared residuals
     partials_ = matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::partials"), blocks_, width_);
-    if (fused_) {  // the fused kernel keeps its activations in team scratch; its shape is fixed now
-      layout_ = fused_layout(model);
-      return;
-    }
+    if (kind_ == Engine::fused) layout_ = fused_layout(model);  // its shape is fixed now
+    // The fused kernels keep their activations in team scratch.
+    if (kind_ == Engine::fused || kind_ == Engine::tensor) return;
     int widest = 0;
     for (int w : model.widths()) widest = w > widest ? w : widest;
     for (int l = 1; l <= model.layers(); ++l) {
@@ -196,10 +197,35 @@ class BlockEngine {
                                                        rows);
   }
 
-  // Engine::automatic -> fused on device spaces when the model qualifies and its team scratch fits, else
-  // layered. Engine::fused for a model it cannot run -> InputError saying why.
+  // Whether this space and scalar have a tensor engine at all (CUDA, float).
+#if defined(KOKKOS_ENABLE_CUDA)
+  static constexpr bool tensor_space = std::is_same_v<ExecSpace, Kokkos::Cuda> && std::is_same_v<Scalar, float>;
+#else
+  static constexpr bool tensor_space = false;
+#endif
+
+  // The reason the tensor engine cannot run this model here, or "".
+  static std::string tensor_unsupported(const Mlp<Scalar, memory_space>& model) {
+    if (!tensor_space) return "the tensor engine runs on CUDA execution spaces in float only";
+    std::string why = fused_one_hidden_unsupported(model.widths());
+    if (!why.empty()) return why;
+#if defined(KOKKOS_ENABLE_CUDA)
+    return backend::tensor_unsupported(model.inputs(), model.widths()[1], model.outputs());
+#else
+    return why;
+#endif
+  }
+
+  // Engine::automatic -> tensor where it can run; else fused on device spaces when the model qualifies and
+  // its team scratch fits; else layered. Engine::fused or tensor for a model it cannot run -> InputError
+  // saying why.
   static Engine resolve_engine(const Mlp<Scalar, memory_space>& model, Engine requested) {
     if (requested == Engine::layered) return requested;
+    if (requested == Engine::tensor || requested == Engine::automatic) {
+      const std::string why = tensor_unsupported(model);
+      if (why.empty()) return Engine::tensor;
+      if (requested == Engine::tensor) throw InputError("dpmlp: " + why);
+    }
     std::string why = fused_one_hidden_unsupported(model.widths());
     if (why.empty()) {
       const FusedLayout lay = fused_layout(model);
@@ -222,7 +248,7 @@ class BlockEngine {
     return why.empty() && !is_host_space<ExecSpace>() ? Engine::fused : Engine::layered;
   }
 
-  Engine engine() const { return fused_ ? Engine::fused : Engine::layered; }
+  Engine engine() const { return kind_; }
 
   // Team scratch: level 0 (shared memory on a GPU); host spaces, where both levels are plain memory, may
   // also use level 1, which is larger.
@@ -289,10 +315,9 @@ class BlockEngine {
                    0, out.data(), n_out, std::int64_t(block_) * n_out, block_ * n_in);
       const Activation act = l + 1 == model_.layers() ? Activation::identity : model_.activation();
       const auto bias = model_.bias(l);
-      // A 2-D range: no per-element index division (a 64-bit division is the costliest thing in this loop).
-      Kokkos::parallel_for(
-          "dpmlp::bias_activation", md_policy(space, rows_, n_out),
-          KOKKOS_LAMBDA(const std::int64_t r, const std::int64_t j) { out(r, j) = activate(act, out(r, j) + bias(j)); });
+      for_each_element(space, "dpmlp::bias_activation", rows_, n_out, KOKKOS_LAMBDA(const std::int64_t r, const int j) {
+        out(r, j) = activate(act, out(r, j) + bias(j));
+      });
       in = out;
     }
   }
@@ -303,7 +328,11 @@ class BlockEngine {
   void compute(const ExecSpace& space, const const_matrix& x, const const_matrix& y, Scalar scale,
                const RowWindow& window = RowWindow()) const {
     if (rows_ == 0) return;
-    if (fused_) {
+    if (kind_ == Engine::tensor) {
+      compute_tensor(space, x, y, scale, window);
+      return;
+    }
+    if (kind_ == Engine::fused) {
       if (model_.inputs() <= 32) {
         compute_fused<32>(space, x, y, scale, window);
       } else {
@@ -381,20 +410,28 @@ class BlockEngine {
                    dn.data(), ld_dn, block * ld_dn, block * ld_d);
       const auto a = acts_[l - 1];
       const Activation act = model_.activation();
-      Kokkos::parallel_for(
-          "dpmlp::activation_grad", md_policy(space, rows, n_in),
-          KOKKOS_LAMBDA(const std::int64_t r, const std::int64_t i) {
-            dn(r, i) *= activate_grad_from_output(act, a(r, i));
-          });
+      for_each_element(space, "dpmlp::activation_grad", rows, n_in, KOKKOS_LAMBDA(const std::int64_t r, const int i) {
+        dn(r, i) *= activate_grad_from_output(act, a(r, i));
+      });
     }
   }
 
-  // rows x cols, the column index fastest (LayoutRight data).
-  using md_policy_t = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2, Kokkos::Iterate::Right, Kokkos::Iterate::Right>,
-                                            Kokkos::IndexType<std::int64_t>>;
-  static md_policy_t md_policy(const ExecSpace& space, std::int64_t rows, std::int64_t cols) {
-    typename md_policy_t::point_type lower{{0, 0}}, upper{{rows, cols}};
-    return md_policy_t(space, lower, upper);
+  // f(r, j) over a rows x cols LayoutRight matrix. Host spaces: a 2-D range, no per-element index division
+  // (a 64-bit division is the costliest thing in such a loop on a CPU). Device spaces: a flat range, so
+  // consecutive threads touch consecutive columns (coalesced); Kokkos's CUDA MDRange does not map the
+  // fastest index to the warp, and on 2xH200 it made the layered engine 2.5x slower at 4M x 256.
+  template <class F>
+  static void for_each_element(const ExecSpace& space, const char* label, std::int64_t rows, int cols, const F& f) {
+    if constexpr (is_host_space<ExecSpace>()) {
+      using md_policy_t = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2, Kokkos::Iterate::Right, Kokkos::Iterate::Right>,
+                                                Kokkos::IndexType<std::int64_t>>;
+      typename md_policy_t::point_type lower{{0, 0}}, upper{{rows, std::int64_t(cols)}};
+      Kokkos::parallel_for(label, md_policy_t(space, lower, upper),
+                           KOKKOS_LAMBDA(const std::int64_t r, const std::int64_t j) { f(r, static_cast<int>(j)); });
+    } else {
+      Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace>(space, 0, rows * cols),
+                           KOKKOS_LAMBDA(const std::int64_t idx) { f(idx / cols, static_cast<int>(idx % cols)); });
+    }
   }
 
   template <int NI>
@@ -414,6 +451,37 @@ class BlockEngine {
     auto policy = typename kernel_t::policy(space, static_cast<int>(blocks_), team);
     policy.set_scratch_size(k.level, Kokkos::PerTeam(k.scratch_bytes()));
     Kokkos::parallel_for("dpmlp::fused_one_hidden", policy, k);
+  }
+
+  void compute_tensor(const ExecSpace& space, const const_matrix& x, const const_matrix& y, Scalar scale,
+                      const RowWindow& window) const {
+#if defined(KOKKOS_ENABLE_CUDA)
+    if constexpr (tensor_space) {
+      backend::TensorProblem p;
+      p.x = x.data();
+      p.y = y.data();
+      p.params = model_.params().data();
+      p.partials = partials_.data();
+      p.ld = width_;
+      p.rows = rows_;
+      p.block = block_;
+      p.blocks = blocks_;
+      p.n_in = model_.inputs();
+      p.H = model_.widths()[1];
+      p.NO = model_.outputs();
+      p.w0off = static_cast<std::int64_t>(model_.weight_offset(0));
+      p.b0off = static_cast<std::int64_t>(model_.bias_offset(0));
+      p.w1off = static_cast<std::int64_t>(model_.weight_offset(1));
+      p.b1off = static_cast<std::int64_t>(model_.bias_offset(1));
+      p.scale = scale;
+      p.act = model_.activation();
+      p.window = window;
+      backend::compute_tensor(space, p);
+      return;
+    }
+#endif
+    (void)space, (void)x, (void)y, (void)scale, (void)window;
+    throw InputError("dpmlp: " + tensor_unsupported(model_));
   }
 
  private:
@@ -483,8 +551,8 @@ class BlockEngine {
   Mlp<Scalar, memory_space> model_;
   std::int64_t rows_ = 0, block_ = 1, blocks_ = 0, width_ = 0;
   linalg::Backend gemm_ = linalg::Backend::portable;
-  bool fused_ = false;
-  FusedLayout layout_;  // the fused kernel's shape (fused_ only)
+  Engine kind_ = Engine::layered;  // never automatic
+  FusedLayout layout_;             // the fused kernel's shape (Engine::fused only)
   matrix partials_;
   std::vector<matrix> acts_;
   matrix delta_[2];

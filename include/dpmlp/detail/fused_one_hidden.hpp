@@ -37,25 +37,31 @@
 
 namespace dpmlp {
 
-// Which per-block engine computes the gradient partials. automatic: the fused kernel on device spaces when
-// the model qualifies (fused_one_hidden_supports), else the layered one (host spaces: its GEMMs are Eigen's).
-enum class Engine { automatic, fused, layered };
+// Which per-block engine computes the gradient partials.
+//   fused    this file's kernel: one kernel a step for one-hidden-layer models, fp32 FMA (any space)
+//   tensor   the same kernel's work on NVIDIA tensor cores in fp32-equivalent 3xTF32
+//            (backend/cuda_tensor_core.hpp; CUDA spaces, float, compute capability 8.0 or newer)
+//   layered  a kernel (or GEMM) per layer and phase; any depth, any space
+//   automatic  tensor where it can run, else fused on device spaces when the model qualifies, else layered
+//            (host spaces: the layered GEMMs are Eigen's)
+enum class Engine { automatic, fused, layered, tensor };
 
 inline const char* engine_name(Engine e) {
   switch (e) {
     case Engine::automatic: return "automatic";
     case Engine::fused: return "fused";
     case Engine::layered: return "layered";
+    case Engine::tensor: return "tensor";
   }
   return "?";
 }
 
-// "automatic", "fused" or "layered" -> the Engine; anything else -> InputError.
+// "automatic", "fused", "tensor" or "layered" -> the Engine; anything else -> InputError.
 inline Engine engine_from_name(const std::string& name) {
-  for (Engine e : {Engine::automatic, Engine::fused, Engine::layered}) {
+  for (Engine e : {Engine::automatic, Engine::fused, Engine::layered, Engine::tensor}) {
     if (name == engine_name(e)) return e;
   }
-  throw InputError("unknown engine '" + name + "' (automatic, fused or layered)");
+  throw InputError("unknown engine '" + name + "' (automatic, fused, tensor or layered)");
 }
 
 namespace detail {
