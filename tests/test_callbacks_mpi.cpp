@@ -163,7 +163,7 @@ TEST_CASE("ProgressBar inside a trainer: lines on rank 0, nothing elsewhere", "[
   Trainer trainer(MPI_COMM_WORLD, s.model, s.p.rows, dpmlp::Sgd(0.05));
   s.feed(trainer);
   std::FILE* f = std::tmpfile();
-  REQUIRE(all(f != nullptr));
+  REQUIRE(dpmlp_test::all(f != nullptr));  // qualified: CUDA declares a device all(int)
   dpmlp::ProgressBar bar(f, 5);
   dpmlp::LossHistory history;
   const auto r = trainer.train(12, bar, history);

@@ -70,6 +70,9 @@ for step in $steps; do
         run "compute-sanitizer $tool: test_trainer_mpi (two test cases)" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE \
           compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/test_trainer_mpi \
           "*deeper models*"
+        # The fused and tensor kernels share a block's shared memory across several barriers a chunk.
+        run "compute-sanitizer $tool: test_trainer_mpi [fused] (fused and tensor engines, 1 GPU)" 300 mpirun -np 1 \
+          compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/test_trainer_mpi "[fused]"
         for t in test_comm_mpi test_evaluator; do
           for dir in $B /tmp/build-port; do
             if [ -x $dir/tests/$t ]; then
