@@ -8,7 +8,7 @@
 #     with the file and line number, exit code 2; so is --epochs 0;
 #   - mini-batches (--batch 64 --epochs 60) also reach the noise level, and 30 + 30 epochs through
 #     --checkpoint end with the same numbers as 60 epochs in one go;
-#   - without --allow-cpu-devices: the refusal line and exit 77.
+#   - without --allow-cpu-devices: the refusal line and exit 77 on a CPU build (-DDEVICE_BUILD=1: a run on 2 GPUs).
 separate_arguments(MPIFLAGS)
 if(NOT WORK)
   set(WORK "${CMAKE_CURRENT_BINARY_DIR}/train_csv_check")
@@ -155,10 +155,15 @@ if(NOT rc EQUAL 0 OR NOT out MATCHES "resumed from [^\n]*mb.ckpt at step 150" OR
   message(FATAL_ERROR "mini-batches, 30 + 30 epochs through a checkpoint gave '${mb_resumed}', 60 epochs '${mb_one_go}'\n${out}\n${err}")
 endif()
 
-# ---- without --allow-cpu-devices on a CPU build: the refusal and exit 77
+# ---- without --allow-cpu-devices: on a CPU build the refusal and exit 77; on a GPU build (DEVICE_BUILD, run
+# on a machine with 2 GPUs) a run on the GPUs
 execute_process(COMMAND ${MPIEXEC} -np 2 ${MPIFLAGS} ${EXE} "${WORK}/linear.csv" --target y OUTPUT_VARIABLE out
                 RESULT_VARIABLE rc)
-if(NOT rc EQUAL 77 OR NOT out MATCHES "requires >= 2 physical accelerator devices; found 0")
+if(DEVICE_BUILD)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "2 ranks on 2 (cuda|hip) devices")
+    message(FATAL_ERROR "without --allow-cpu-devices on a GPU build: expected a run on 2 GPUs, got ${rc}: ${out}")
+  endif()
+elseif(NOT rc EQUAL 77 OR NOT out MATCHES "requires >= 2 physical accelerator devices; found 0")
   message(FATAL_ERROR "without --allow-cpu-devices: expected the refusal and exit 77, got ${rc}: ${out}")
 endif()
 message(STATUS "train_csv: all checks passed")
