@@ -120,81 +120,64 @@ template <class C, class = void>
 struct has_begin_epoch : std::false_type {};
 template <class C>
 struct has_begin_epoch<C, std::void_t<decltype(std::declval<C&>().begin_epoch(std::int64_t()))>> : std::true_type {};
-// begin_step(step) / begin_epoch(epoch): the 1-based number, over all train calls, of what is about to run.
-template <class... C>
-void call_begin_step(std::int64_t step, C&... cbs) {
-  auto one = [&](auto& cb) {
-    if constexpr (has_begin_step<std::decay_t<decltype(cb)>>::value) cb.begin_step(step);
-  };
-  (one(cbs), ...);
-  (void)one;
-}
-template <class... C>
-void call_begin_epoch(std::int64_t epoch, C&... cbs) {
-  auto one = [&](auto& cb) {
-    if constexpr (has_begin_epoch<std::decay_t<decltype(cb)>>::value) cb.begin_epoch(epoch);
-  };
-  (one(cbs), ...);
-  (void)one;
-}
-
 template <class C, class = void>
 struct has_end_epoch : std::false_type {};
 template <class C>
 struct has_end_epoch<C, std::void_t<decltype(std::declval<C&>().end_epoch(std::declval<const EpochInfo&>()))>>
     : std::true_type {};
 
-template <class... C>
-void call_begin(const TrainInfo& info, C&... cbs) {
+// hook(cb) for each callback, in order, that has the hook Has detects.
+template <template <class, class> class Has, class Hook, class... C>
+void each_with(const Hook& hook, C&... cbs) {
   auto one = [&](auto& cb) {
-    if constexpr (has_begin<std::decay_t<decltype(cb)>>::value) cb.begin_training(info);
+    if constexpr (Has<std::decay_t<decltype(cb)>, void>::value) hook(cb);
   };
   (one(cbs), ...);
   (void)one;  // an empty pack never calls it
+}
+// call(): a hook that may ask to stop (returns something convertible to bool) or not (returns void).
+template <class Call>
+bool asks_to_stop(const Call& call) {
+  if constexpr (std::is_void_v<decltype(call())>) {
+    call();
+    return false;
+  } else {
+    return static_cast<bool>(call());
+  }
+}
+
+// begin_step(step) / begin_epoch(epoch): the 1-based number, over all train calls, of what is about to run.
+template <class... C>
+void call_begin_step(std::int64_t step, C&... cbs) {
+  each_with<has_begin_step>([&](auto& cb) { cb.begin_step(step); }, cbs...);
+}
+template <class... C>
+void call_begin_epoch(std::int64_t epoch, C&... cbs) {
+  each_with<has_begin_epoch>([&](auto& cb) { cb.begin_epoch(epoch); }, cbs...);
+}
+template <class... C>
+void call_begin(const TrainInfo& info, C&... cbs) {
+  each_with<has_begin>([&](auto& cb) { cb.begin_training(info); }, cbs...);
 }
 // True when any callback asks to stop. Every callback is called, even after one asked.
 template <class... C>
 bool call_end_step(const StepInfo& info, C&... cbs) {
   bool stop = false;
-  auto one = [&](auto& cb) {
-    if constexpr (has_end_step<std::decay_t<decltype(cb)>>::value) {
-      using R = decltype(cb.end_step(info));
-      if constexpr (std::is_same<R, void>::value) {
-        cb.end_step(info);
-      } else {
-        stop = static_cast<bool>(cb.end_step(info)) || stop;
-      }
-    }
-  };
-  (one(cbs), ...);
-  (void)one;
+  each_with<has_end_step>([&](auto& cb) { stop = asks_to_stop([&] { return cb.end_step(info); }) || stop; },
+                          cbs...);
   return stop;
 }
-// True when any callback asks to stop after this epoch.
+// True when any callback asks to stop after this epoch. Every callback is called.
 template <class... C>
 bool call_end_epoch(const EpochInfo& info, C&... cbs) {
   bool stop = false;
-  auto one = [&](auto& cb) {
-    if constexpr (has_end_epoch<std::decay_t<decltype(cb)>>::value) {
-      using R = decltype(cb.end_epoch(info));
-      if constexpr (std::is_same<R, void>::value) {
-        cb.end_epoch(info);
-      } else {
-        stop = static_cast<bool>(cb.end_epoch(info)) || stop;
-      }
-    }
-  };
-  (one(cbs), ...);
-  (void)one;
+  each_with<has_end_epoch>([&](auto& cb) { stop = asks_to_stop([&] { return cb.end_epoch(info); }) || stop; },
+                           cbs...);
   return stop;
 }
 template <class... C>
 void call_end(const TrainResult& r, C&... cbs) {
-  auto one = [&](auto& cb) {
-    if constexpr (has_end<std::decay_t<decltype(cb)>>::value) cb.end_training(r);
-  };
-  (one(cbs), ...);
-  (void)one;  // an empty pack never calls it
+  each_with<has_end>([&](auto& cb) { cb.end_training(r); }, cbs...);
 }
 }  // namespace detail
 
