@@ -206,14 +206,14 @@ class BlockEngine {
 
   // The reason the tensor engine cannot run this model here, or "".
   static std::string tensor_unsupported(const Mlp<Scalar, memory_space>& model) {
-    if (!tensor_space) return "the tensor engine runs on CUDA execution spaces in float only";
-    std::string why = fused_one_hidden_unsupported(model.widths());
-    if (!why.empty()) return why;
 #if defined(KOKKOS_ENABLE_CUDA)
-    return backend::tensor_unsupported(model.inputs(), model.widths()[1], model.outputs());
-#else
-    return why;
+    if (tensor_space) {
+      const std::string why = fused_one_hidden_unsupported(model.widths());
+      return why.empty() ? backend::tensor_unsupported(model.inputs(), model.widths()[1], model.outputs()) : why;
+    }
 #endif
+    (void)model;
+    return "the tensor engine runs on CUDA execution spaces in float only";
   }
 
   // Engine::automatic -> tensor where it can run; else fused on device spaces when the model qualifies and

@@ -83,9 +83,25 @@ inline std::size_t tensor_scratch_bytes(int ni, int hp, int no) {
          128;
 }
 
-// NI: padded inputs (32 or 64); HP: padded hidden units (32, 64, 128 or 256).
+// What the tensor engine needs to run a step: the model's shape and parameter offsets, the data, where the
+// partial sums go (one row of `ld` a block).
+struct TensorProblem {
+  const float* x = nullptr;  // rows x n_in, row-major
+  const float* y = nullptr;  // rows x NO, row-major
+  const float* params = nullptr;
+  float* partials = nullptr;  // blocks x ld; the last column takes the sum of squared residuals
+  std::int64_t ld = 0, rows = 0, block = 0, blocks = 0;
+  int n_in = 0, H = 0, NO = 1;
+  std::int64_t w0off = 0, b0off = 0, w1off = 0, b1off = 0;
+  float scale = 1;
+  Activation act = Activation::relu;
+  RowWindow window;
+};
+
+// NI: padded inputs (32 or 64); HP: padded hidden units (32, 64, 128 or 256). The problem is its base, so
+// the kernel's fields are the problem's.
 template <int NI, int HP>
-struct FusedTensorCoreKernel {
+struct FusedTensorCoreKernel : TensorProblem {
   static constexpr int T = 256, W = T / 32, C = tensor_chunk, MaxOut = 4;
   static constexpr int LDX = NI + 4, LDH = HP + 4, LDW = HP + 4;  // padded rows: conflict-free fragment loads
   static constexpr int JL = HP / 32;  // hidden units a lane adds in the output phase
@@ -101,17 +117,6 @@ struct FusedTensorCoreKernel {
   static_assert(NI == 32 || NI == 64, "NI: 32 or 64");
   static_assert(HP == 32 || HP == 64 || HP == 128 || HP == 256, "HP: 32, 64, 128 or 256");
   static_assert(KS * BTILES >= W && (W % BMT) == 0, "backward tiles must cover the warps");
-
-  const float* x = nullptr;  // rows x n_in, row-major
-  const float* y = nullptr;  // rows x NO, row-major
-  const float* params = nullptr;
-  float* partials = nullptr;  // blocks x ld
-  std::int64_t ld = 0, rows = 0, block = 0;
-  int n_in = 0, H = 0, NO = 1;
-  std::int64_t w0off = 0, b0off = 0, w1off = 0, b1off = 0, loss_col = 0;
-  float scale = 1;
-  Activation act = Activation::relu;
-  RowWindow window;
 
   std::size_t scratch_bytes() const { return tensor_scratch_bytes(NI, HP, NO); }
 
@@ -382,7 +387,7 @@ struct FusedTensorCoreKernel {
     } else if (t == NO) {
       float v = 0.0f;
       for (int w = 0; w < W; ++w) v += sl[w];
-      out[loss_col] = v;
+      out[ld - 1] = v;  // the sum of squared residuals: the last column
     }
   }
 #endif  // __CUDACC__
@@ -404,43 +409,11 @@ __global__ void __launch_bounds__(256, 2) fused_tensor_core(const FusedTensorCor
 }
 #endif
 
-// What the tensor engine needs to run a step: the model's shape and parameter offsets, the data, where the
-// partial sums go (one row of `ld` a block).
-struct TensorProblem {
-  const float* x = nullptr;
-  const float* y = nullptr;
-  const float* params = nullptr;
-  float* partials = nullptr;
-  std::int64_t ld = 0, rows = 0, block = 0, blocks = 0;
-  int n_in = 0, H = 0, NO = 1;
-  std::int64_t w0off = 0, b0off = 0, w1off = 0, b1off = 0;
-  float scale = 1;
-  Activation act = Activation::relu;
-  RowWindow window;
-};
 
 template <int NI, int HP>
 inline void launch_tensor(const Kokkos::Cuda& space, const TensorProblem& p) {
   using kernel_t = FusedTensorCoreKernel<NI, HP>;
-  kernel_t k;
-  k.x = p.x;
-  k.y = p.y;
-  k.params = p.params;
-  k.partials = p.partials;
-  k.ld = p.ld;
-  k.rows = p.rows;
-  k.block = p.block;
-  k.n_in = p.n_in;
-  k.H = p.H;
-  k.NO = p.NO;
-  k.w0off = p.w0off;
-  k.b0off = p.b0off;
-  k.w1off = p.w1off;
-  k.b1off = p.b1off;
-  k.loss_col = p.ld - 1;
-  k.scale = p.scale;
-  k.act = p.act;
-  k.window = p.window;
+  const kernel_t k{p};
 #if defined(__CUDACC__)
   // Above 48 KB a kernel must opt in to its dynamic shared memory: once a process (one device a process,
   // as with Kokkos), for the most any output count needs.
