@@ -33,6 +33,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include <cuda_runtime.h>
@@ -434,17 +435,530 @@ inline void launch_tensor(const Kokkos::Cuda& space, const TensorProblem& p) {
 #endif
 }
 
+
+// ---------------------------------------------------------------------------------------------------------
+// The register-resident kernel (32 inputs): raw `mma.sync` instead of the warp-matrix API.
+//
+// Why a second kernel: the one above goes through shared memory between its phases (wmma fragments have no
+// documented layout), so its bias / activation / output / delta phases are SIMT loops over shared memory
+// with a block barrier each, and they, not the MMAs, bound it. mma.sync.m16n8k8 (tf32) has a documented
+// fragment layout, which lets every phase stay in the registers the forward MMA left its results in:
+//   forward   Z^T[hidden x rows] = W0^T X^T: A = W0^T (kept in registers for the whole kernel, split once),
+//             B = X^T from the chunk in shared memory. A thread then holds z for hidden units {g, g+8} of
+//             each 16-unit tile and rows {2t, 2t+1} of each 8-row tile (g = lane / 4, t = lane % 4).
+//   outputs   bias, activation, the output partial sums over the warp's hidden units (a fixed butterfly
+//             over g), one shared-memory exchange between the warps of a team for the full sums.
+//   deltas    dZ in the same registers.
+//   backward  gW0^T[hidden x inputs] += dZ^T X. dZ^T is the A operand straight from the accumulator
+//             registers: A wants rows {t, t+4} of each 8-row k step where the accumulator has {2t, 2t+1},
+//             and a k step's order does not matter to a sum as long as B (X, read from shared memory) uses
+//             the same one, so row 2t is k = t and row 2t+1 is k = t + 4. No shuffles, no staging.
+// Warps: a team of WH = HP / 32 warps covers the hidden units (32 each: two 16-unit MMA tiles); a CTA of 8
+// warps has WR = 8 / WH teams. A team takes whole reduction blocks (blocks team, team + teams, ... of the
+// grid), 32 rows at a time (four 8-row MMA tiles), and writes each block's sums itself: a block's partial
+// sums depend on its rows and the widths only (rank-count reproducible), and teams never wait for each
+// other. x rows arrive by cp.async, three batches deep (across blocks), so loads overlap the MMAs.
+inline constexpr int mma_batch_rows = 32;  // rows a team takes at once
+inline constexpr int mma_stages = 3;       // x batches a team keeps in flight
+
+// Shared memory of the register-resident kernel, in bytes: per team, mma_stages x batches (32 x 36 floats:
+// rows padded by 4 make both fragment reads conflict-free) and the output exchange (WH x 32 x no); the split
+// W0^T fragments (hp x 32 x 2).
+inline std::size_t mma_scratch_bytes(int hp, int no) {
+  const std::size_t wh = hp / 32, teams = 8 / wh;
+  return (teams * mma_stages * mma_batch_rows * 36 + teams * wh * mma_batch_rows * no + std::size_t(hp) * 32 * 2) *
+             sizeof(float) +
+         128;
+}
+
+// HP: padded hidden units (32..256); NOC: the most outputs this instantiation handles (1 or 4).
+template <int HP, int NOC>
+struct TensorMmaKernel : TensorProblem {
+  static constexpr int NI = 32, T = 256, RB = mma_batch_rows, NB = RB / 8, KT = NI / 8, FT = NI / 8, MT = 2;
+  static constexpr int WH = HP / 32, WR = 8 / WH, LDX = NI + 4, ST = mma_stages;
+  // One CTA an SM (255 registers a thread). DPMLP_TENSOR_MMA_MIN_BLOCKS=2 asks for two where their shared
+  // memory fits (64 hidden units and up), registers then capped at 128: measured slower on the H200 (4M x 256,
+  // 2 GPUs: 364.2 against 260.3 ms per 100 steps), the spills cost more than the second CTA's warps gain.
+#if defined(DPMLP_TENSOR_MMA_MIN_BLOCKS)
+  static constexpr int MIN_BLOCKS = HP >= 64 ? DPMLP_TENSOR_MMA_MIN_BLOCKS : 1;
+#else
+  static constexpr int MIN_BLOCKS = 1;
+#endif
+  static_assert(HP == 32 || HP == 64 || HP == 128 || HP == 256, "HP: 32, 64, 128 or 256");
+  static_assert(NOC == 1 || NOC == 4, "NOC: 1 or 4");
+
+  bool vec16 = false;  // x rows can be copied 16 bytes at a time
+
+  std::size_t scratch_bytes() const { return mma_scratch_bytes(HP, NOC); }
+
+#if defined(__CUDACC__)
+  // hi: v rounded to TF32 (to nearest, ties away, as cvt.rna: an integer add and a mask, where cvt.rna costs
+  // a compare more); lo = v - hi, exact in fp32, passed whole: the MMA reads a TF32 operand's top 19 bits,
+  // so lo is truncated there, an error of at most 2^-11 |lo| <= 2^-22 |v|, the size of the dropped lo*lo.
+  // Splits are a third of the kernel's instructions, so their cost matters.
+  __device__ static void split(float v, std::uint32_t& hi, std::uint32_t& lo) {
+    hi = (__float_as_uint(v) + 0x1000u) & 0xffffe000u;
+    lo = __float_as_uint(v - __uint_as_float(hi));
+  }
+  // d += a b, one m16n8k8 TF32 MMA with fp32 accumulation.
+  __device__ static void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ static void team_sync(int team) {
+    if constexpr (WH == 1) {
+      __syncwarp();
+    } else {
+      asm volatile("bar.sync %0, %1;" ::"r"(team + 1), "n"(WH * 32) : "memory");
+    }
+  }
+
+  // Rows of block b (0 past the last).
+  __device__ int block_rows(std::int64_t b) const {
+    if (b >= blocks) return 0;
+    const std::int64_t r0 = b * block, r1 = r0 + block < rows ? r0 + block : rows;
+    return static_cast<int>(r1 - r0);
+  }
+  // The team's next batch after (b, k): the block's next, else the first of its next block; b >= blocks at
+  // the end. nteams: teams in the grid.
+  __device__ void advance(std::int64_t& b, int& k, std::int64_t nteams) const {
+    ++k;
+    if (k * RB >= block_rows(b)) {
+      b += nteams;
+      k = 0;
+    }
+  }
+  // Start the copy of batch (gr, k) into xs (32 x LDX; zeros past the block's rows and the inputs), one
+  // cp.async group a call (empty at the end).
+  __device__ void issue(std::int64_t b, int k, float* xs, int tl) const {
+    if (b < blocks) {
+      const std::int64_t r0 = b * block + std::int64_t(k) * RB;
+      const int left = block_rows(b) - k * RB, n = left < RB ? left : RB;
+      if (vec16) {
+        for (int c = tl; c < RB * NI / 4; c += WH * 32) {
+          const int r = c / (NI / 4), q = c % (NI / 4);
+          int bytes = (n_in - 4 * q) * 4;
+          bytes = r < n ? (bytes < 0 ? 0 : bytes > 16 ? 16 : bytes) : 0;
+          const float* src = bytes > 0 ? x + (r0 + r) * n_in + 4 * q : x;
+          const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(xs + r * LDX + 4 * q));
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+        }
+      } else {
+        for (int e = tl; e < RB * NI; e += WH * 32) {
+          const int r = e / NI, i = e % NI;
+          const bool ok = r < n && i < n_in;
+          const float* src = ok ? x + (r0 + r) * n_in + i : x;
+          const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(xs + r * LDX + i));
+          asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
+        }
+      }
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  }
+
+  __device__ void run(char* smem) const {
+    switch (act) {
+      case Activation::relu: return run_as<Activation::relu>(smem);
+      case Activation::tanh: return run_as<Activation::tanh>(smem);
+      default: return run_as<Activation::identity>(smem);
+    }
+  }
+
+  // The activation is a template argument: a runtime switch per element costs more than the MMAs' issue.
+  template <Activation A>
+  __device__ void run_as(char* smem) const {
+    const int t = static_cast<int>(threadIdx.x), warp = t / 32, lane = t % 32, g = lane / 4, tg = lane % 4;
+    const int team = warp / WH, wh = warp % WH, tl = t - team * WH * 32;  // tl: thread in the team
+    const std::int64_t nteams = std::int64_t(gridDim.x) * WR, first = std::int64_t(blockIdx.x) * WR + team;
+
+    float* const base = reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(smem) + 127) & ~std::uintptr_t(127));
+    float* const xbuf = base + team * ST * RB * LDX;
+    float* const part = base + WR * ST * RB * LDX + team * WH * RB * NOC;  // [wh][row][o]
+    // W0^T fragments: [wh][mt][kt][hi, lo][lane][4], so a lane reads its four with one 16-byte load.
+    float* const w0f = base + WR * ST * RB * LDX + WR * WH * RB * NOC;
+
+    // The parameters, zero-padded: W0^T as split A fragments into shared memory (the first team's warps),
+    // b0 and W1 for the hidden units this thread holds (j = wh*32 + mt*16 + hb*8 + g), b1.
+    if (team == 0) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int kt = 0; kt < KT; ++kt) {
+          std::uint32_t hi[4], lo[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = kt * 8 + tg + 4 * (e / 2), j = wh * 32 + mt * 16 + g + 8 * (e % 2);
+            split((i < n_in && j < H) ? params[w0off + i * H + j] : 0.0f, hi[e], lo[e]);
+          }
+          uint4* const dst = reinterpret_cast<uint4*>(w0f) + ((wh * MT + mt) * KT + kt) * 64 + lane;
+          dst[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+          dst[32] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+        }
+      }
+    }
+    float b0r[MT][2], w1r[MT][2][NOC], b1r[NOC];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int hb = 0; hb < 2; ++hb) {
+        const int j = wh * 32 + mt * 16 + hb * 8 + g;
+        b0r[mt][hb] = j < H ? params[b0off + j] : 0.0f;
+#pragma unroll
+        for (int o = 0; o < NOC; ++o) w1r[mt][hb][o] = (j < H && o < NO) ? params[w1off + j * NO + o] : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int o = 0; o < NOC; ++o) b1r[o] = o < NO ? params[b1off + o] : 0.0f;
+
+    __syncthreads();  // the W0^T fragments are in
+
+    // The producer's cursor: the team's first batch, then two issued ahead.
+    std::int64_t pb = first;
+    int pk = 0;
+    int q = 0;  // batches consumed
+    issue(pb, pk, xbuf, tl);
+    advance(pb, pk, nteams);
+    issue(pb, pk, xbuf + RB * LDX, tl);
+    advance(pb, pk, nteams);
+
+    for (std::int64_t b = first; b < blocks; b += nteams) {
+      const int nrows = block_rows(b);
+      const std::int64_t r_block = b * block;
+      // This thread's sums for the group's block: gW0^T tiles (MMA accumulators), b0 and W1 for its hidden
+      // units over its rows; b1 (gl) and the loss (lsum) over the rows it is lane of.
+      float gw[MT][FT][4] = {}, gb0[MT][2] = {}, gw1[MT][2][NOC] = {}, gl[NOC] = {}, lsum = 0.0f;
+      for (int k = 0; k * RB < nrows; ++k, ++q) {
+        const int n = nrows - k * RB < RB ? nrows - k * RB : RB;
+        const std::int64_t r0 = r_block + std::int64_t(k) * RB;
+        asm volatile("cp.async.wait_group 1;" ::: "memory");
+        team_sync(team);  // batch q is in; every warp of the team is done with batch q - 1
+        issue(pb, pk, xbuf + ((q + 2) % ST) * RB * LDX, tl);
+        advance(pb, pk, nteams);
+        const float* const xs = xbuf + (q % ST) * RB * LDX;
+
+        // Forward, z = W0^T x + b0: small terms first in each k step.
+        float z[MT][NB][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+          for (int nt = 0; nt < NB; ++nt) {
+            z[mt][nt][0] = z[mt][nt][1] = b0r[mt][0];
+            z[mt][nt][2] = z[mt][nt][3] = b0r[mt][1];
+          }
+        }
+#pragma unroll
+        for (int kt = 0; kt < KT; ++kt) {
+          std::uint32_t whi[MT][4], wlo[MT][4];
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            const uint4* const src = reinterpret_cast<const uint4*>(w0f) + ((wh * MT + mt) * KT + kt) * 64 + lane;
+            const uint4 h4 = src[0], l4 = src[32];
+            whi[mt][0] = h4.x, whi[mt][1] = h4.y, whi[mt][2] = h4.z, whi[mt][3] = h4.w;
+            wlo[mt][0] = l4.x, wlo[mt][1] = l4.y, wlo[mt][2] = l4.z, wlo[mt][3] = l4.w;
+          }
+          std::uint32_t bh[NB][2], bl[NB][2];
+#pragma unroll
+          for (int nt = 0; nt < NB; ++nt) {
+            split(xs[(nt * 8 + g) * LDX + kt * 8 + tg], bh[nt][0], bl[nt][0]);
+            split(xs[(nt * 8 + g) * LDX + kt * 8 + tg + 4], bh[nt][1], bl[nt][1]);
+          }
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int nt = 0; nt < NB; ++nt) mma(z[mt][nt], wlo[mt], bh[nt][0], bh[nt][1]);
+          }
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int nt = 0; nt < NB; ++nt) mma(z[mt][nt], whi[mt], bl[nt][0], bl[nt][1]);
+          }
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int nt = 0; nt < NB; ++nt) mma(z[mt][nt], whi[mt], bh[nt][0], bh[nt][1]);
+          }
+        }
+
+        // Activations in place; the warp's output sums for rows nt*8 + 2*tg + bit, over its hidden units.
+        float p[NB][2][NOC];
+#pragma unroll
+        for (int nt = 0; nt < NB; ++nt) {
+#pragma unroll
+          for (int bit = 0; bit < 2; ++bit) {
+#pragma unroll
+            for (int o = 0; o < NOC; ++o) p[nt][bit][o] = 0.0f;
+          }
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+          for (int nt = 0; nt < NB; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float h = activate(A, z[mt][nt][e]);
+              z[mt][nt][e] = h;
+#pragma unroll
+              for (int o = 0; o < NOC; ++o) p[nt][e % 2][o] += h * w1r[mt][e / 2][o];
+            }
+          }
+        }
+        // Over g (lane bits 2..4): a butterfly, so every lane of a row holds the same bits.
+#pragma unroll
+        for (int nt = 0; nt < NB; ++nt) {
+#pragma unroll
+          for (int bit = 0; bit < 2; ++bit) {
+#pragma unroll
+            for (int o = 0; o < NOC; ++o) {
+              float v = p[nt][bit][o];
+              v += __shfl_xor_sync(0xffffffffu, v, 4);
+              v += __shfl_xor_sync(0xffffffffu, v, 8);
+              v += __shfl_xor_sync(0xffffffffu, v, 16);
+              if (g == 0) part[(wh * RB + nt * 8 + 2 * tg + bit) * NOC + o] = v;
+            }
+          }
+        }
+        team_sync(team);
+
+        // Lane = row of the batch: the full output (the team's warps in order), residual and output delta.
+        float d[NOC];
+        {
+          const std::int64_t row = r0 + lane;
+          const bool learn = lane < n && window.contains(row);
+#pragma unroll
+          for (int o = 0; o < NOC; ++o) {
+            float out = 0.0f;
+#pragma unroll
+            for (int w = 0; w < WH; ++w) out += part[(w * RB + lane) * NOC + o];
+            d[o] = 0.0f;
+            if (learn && o < NO) {
+              const float res = out + b1r[o] - y[row * NO + o];
+              d[o] = 2.0f * scale * res;
+              lsum += res * res;
+              gl[o] += d[o];
+            }
+          }
+        }
+        // Hidden deltas in place, and this thread's b0 and W1 sums.
+        float dr[NB][2][NOC];
+#pragma unroll
+        for (int nt = 0; nt < NB; ++nt) {
+#pragma unroll
+          for (int bit = 0; bit < 2; ++bit) {
+#pragma unroll
+            for (int o = 0; o < NOC; ++o) dr[nt][bit][o] = __shfl_sync(0xffffffffu, d[o], nt * 8 + 2 * tg + bit);
+          }
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+          for (int nt = 0; nt < NB; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float h = z[mt][nt][e];
+              float da = 0.0f;
+#pragma unroll
+              for (int o = 0; o < NOC; ++o) {
+                da += dr[nt][e % 2][o] * w1r[mt][e / 2][o];
+                gw1[mt][e / 2][o] += h * dr[nt][e % 2][o];
+              }
+              const float dz = da * activate_grad_from_output(A, h);
+              gb0[mt][e / 2] += dz;
+              z[mt][nt][e] = dz;
+            }
+          }
+        }
+
+        // Backward, gW0^T += dZ^T X, an 8-row k step per row tile (k = t: row 2t, k = t + 4: row 2t + 1).
+#pragma unroll
+        for (int nt = 0; nt < NB; ++nt) {
+          std::uint32_t ah[MT][4], al[MT][4];
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            split(z[mt][nt][0], ah[mt][0], al[mt][0]);  // unit g,     row 2t
+            split(z[mt][nt][2], ah[mt][1], al[mt][1]);  // unit g + 8, row 2t
+            split(z[mt][nt][1], ah[mt][2], al[mt][2]);  // unit g,     row 2t + 1
+            split(z[mt][nt][3], ah[mt][3], al[mt][3]);  // unit g + 8, row 2t + 1
+          }
+          std::uint32_t bh[FT][2], bl[FT][2];
+#pragma unroll
+          for (int ft = 0; ft < FT; ++ft) {
+            split(xs[(nt * 8 + 2 * tg) * LDX + ft * 8 + g], bh[ft][0], bl[ft][0]);
+            split(xs[(nt * 8 + 2 * tg + 1) * LDX + ft * 8 + g], bh[ft][1], bl[ft][1]);
+          }
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int ft = 0; ft < FT; ++ft) mma(gw[mt][ft], al[mt], bh[ft][0], bh[ft][1]);
+          }
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int ft = 0; ft < FT; ++ft) mma(gw[mt][ft], ah[mt], bl[ft][0], bl[ft][1]);
+          }
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+            for (int ft = 0; ft < FT; ++ft) mma(gw[mt][ft], ah[mt], bh[ft][0], bh[ft][1]);
+          }
+        }
+      }
+
+      // The block's end. The b0 and W1 sums over t (lane bits 0..1: the thread's rows of the same unit), b1
+      // and the loss over the lanes (rows), by butterflies.
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int hb = 0; hb < 2; ++hb) {
+          gb0[mt][hb] += __shfl_xor_sync(0xffffffffu, gb0[mt][hb], 1);
+          gb0[mt][hb] += __shfl_xor_sync(0xffffffffu, gb0[mt][hb], 2);
+#pragma unroll
+          for (int o = 0; o < NOC; ++o) {
+            gw1[mt][hb][o] += __shfl_xor_sync(0xffffffffu, gw1[mt][hb][o], 1);
+            gw1[mt][hb][o] += __shfl_xor_sync(0xffffffffu, gw1[mt][hb][o], 2);
+          }
+        }
+      }
+#pragma unroll
+      for (int o = 0; o <= NOC; ++o) {
+        float& v = o < NOC ? gl[o] : lsum;
+#pragma unroll
+        for (int m = 16; m >= 1; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
+      }
+      // The block's sums: each warp writes its slice.
+      float* const out = partials + b * ld;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int ft = 0; ft < FT; ++ft) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int j = wh * 32 + mt * 16 + g + 8 * (e / 2), i = ft * 8 + 2 * tg + e % 2;
+            if (i < n_in && j < H) out[w0off + i * H + j] = gw[mt][ft][e];
+          }
+        }
+#pragma unroll
+        for (int hb = 0; hb < 2; ++hb) {
+          const int j = wh * 32 + mt * 16 + hb * 8 + g;
+          if (tg == 0 && j < H) {
+            out[b0off + j] = gb0[mt][hb];
+#pragma unroll
+            for (int o = 0; o < NOC; ++o) {
+              if (o < NO) out[w1off + j * NO + o] = gw1[mt][hb][o];
+            }
+          }
+        }
+      }
+      if (wh == 0 && lane == 0) {
+#pragma unroll
+        for (int o = 0; o < NOC; ++o) {
+          if (o < NO) out[b1off + o] = gl[o];
+        }
+        out[ld - 1] = lsum;
+      }
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+  }
+#endif  // __CUDACC__
+};
+
+#if defined(__CUDACC__)
+template <int HP, int NOC>
+__global__ void __launch_bounds__(256, TensorMmaKernel<HP, NOC>::MIN_BLOCKS)
+    fused_tensor_mma(const TensorMmaKernel<HP, NOC> k) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  extern __shared__ char dpmlp_tensor_smem[];
+  k.run(dpmlp_tensor_smem);
+#else
+  (void)k;
+  __trap();  // tensor_unsupported refuses devices below compute capability 8.0
+#endif
+}
+#endif
+
+// The current device's multiprocessors and opt-in shared memory a block (read once a process).
+struct TensorDevice {
+  int sms = 0, smem_optin = 0;
+};
+inline const TensorDevice& tensor_device() {
+  static const TensorDevice d = [] {
+    TensorDevice r;
+    int dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&r.sms, cudaDevAttrMultiProcessorCount, dev);
+    cudaDeviceGetAttribute(&r.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    return r;
+  }();
+  return d;
+}
+
+template <int HP, int NOC>
+inline void launch_tensor_mma(const Kokkos::Cuda& space, const TensorProblem& p) {
+  using kernel_t = TensorMmaKernel<HP, NOC>;
+  kernel_t k{p};
+  k.vec16 = p.n_in % 4 == 0 && reinterpret_cast<std::uintptr_t>(p.x) % 16 == 0;
+#if defined(__CUDACC__)
+  // Once a process: the opt-in to the kernel's dynamic shared memory (above 48 KB), the shared-memory carveout
+  // that lets two CTAs share an SM, and how many CTAs an SM then holds.
+  static const int resident = [&] {
+    auto* const fn = fused_tensor_mma<HP, NOC>;
+    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(k.scratch_bytes()));
+    if (e == cudaSuccess) {
+      e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    }
+    int n = 0;
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, kernel_t::T, k.scratch_bytes());
+    if (e != cudaSuccess) throw Error(std::string("dpmlp: tensor kernel setup: ") + cudaGetErrorString(e));
+    return n > 0 ? n : 1;
+  }();
+  // A persistent grid: as many CTAs as the SMs hold at once (fewer when there are fewer blocks than teams),
+  // each team looping over blocks.
+  const std::int64_t slots = std::int64_t(tensor_device().sms > 0 ? tensor_device().sms : 1) * resident;
+  const std::int64_t needed = (p.blocks + kernel_t::WR - 1) / kernel_t::WR;
+  const auto grid = static_cast<unsigned>(needed < slots ? needed : slots);
+  fused_tensor_mma<HP, NOC><<<grid, kernel_t::T, k.scratch_bytes(), space.cuda_stream()>>>(k);
+  const cudaError_t launched = cudaPeekAtLastError();
+  if (launched != cudaSuccess) {
+    throw Error(std::string("dpmlp: tensor kernel launch: ") + cudaGetErrorString(launched));
+  }
+#else
+  (void)space, (void)k;
+  throw Error("dpmlp: the tensor engine must be compiled by a CUDA compiler");
+#endif
+}
+
+// Which tensor kernel runs a step of `blocks` reduction blocks for a model of this shape on the current
+// device. The register-resident one (32 or fewer inputs, its shared memory fitting) where the blocks fill at
+// least half of its teams (8 / (hp / 32) an SM, a team a block); with fewer, the warp-matrix one, a CTA a
+// block, spreads them over more SMs (the seed's 20000 rows: 3.94 against 4.75 ms per 100 steps, 2xH200).
+// Else none. DPMLP_TENSOR_KERNEL=mma or wmma picks one where it fits (tests, measurements).
+enum class TensorKernel { none, mma, wmma };
+inline TensorKernel tensor_kernel_for(int inputs, int hidden, int outputs, std::int64_t blocks) {
+  static const std::string forced = [] {
+    const char* v = std::getenv("DPMLP_TENSOR_KERNEL");
+    return std::string(v != nullptr ? v : "");
+  }();
+  const auto most = static_cast<std::size_t>(tensor_device().smem_optin);
+  const int ni = tensor_ni(inputs), hp = tensor_hp(hidden);
+  const bool mma = ni == 32 && mma_scratch_bytes(hp, outputs == 1 ? 1 : 4) <= most;
+  const bool wmma = tensor_scratch_bytes(ni, hp, outputs) <= most;
+  const std::int64_t team_slots = std::int64_t(tensor_device().sms) * (8 / (hp / 32));
+  const bool prefer_mma = forced == "mma" || (forced != "wmma" && 2 * blocks >= team_slots);
+  if (mma && (prefer_mma || !wmma)) return TensorKernel::mma;
+  if (wmma) return TensorKernel::wmma;
+  return TensorKernel::none;
+}
+
 // The reason the tensor engine cannot run this one-hidden-layer model here, or "".
 inline std::string tensor_unsupported(int inputs, int hidden, int outputs) {
   const std::string why = tensor_cores_unavailable();
   if (!why.empty()) return why;
-  int dev = 0, most = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-  const std::size_t need = tensor_scratch_bytes(tensor_ni(inputs), tensor_hp(hidden), outputs);
-  if (need > static_cast<std::size_t>(most)) {
-    return "the tensor engine's shared memory (" + std::to_string(need) + " bytes a block) does not fit the device's " +
-           std::to_string(most);
+  if (tensor_kernel_for(inputs, hidden, outputs, 0) == TensorKernel::none) {
+    return "the tensor engine's shared memory (" +
+           std::to_string(tensor_scratch_bytes(tensor_ni(inputs), tensor_hp(hidden), outputs)) +
+           " bytes a block) does not fit the device's " + std::to_string(tensor_device().smem_optin);
   }
   return {};
 }
@@ -452,6 +966,22 @@ inline std::string tensor_unsupported(int inputs, int hidden, int outputs) {
 // One step's per-block partial sums on tensor cores: the kernel instantiated for the model's padded shape.
 inline void compute_tensor(const Kokkos::Cuda& space, const TensorProblem& p) {
   const int ni = tensor_ni(p.n_in), hp = tensor_hp(p.H);
+  if (tensor_kernel_for(p.n_in, p.H, p.NO, p.blocks) == TensorKernel::mma) {
+    if (p.NO == 1) {
+      switch (hp) {
+        case 32: return launch_tensor_mma<32, 1>(space, p);
+        case 64: return launch_tensor_mma<64, 1>(space, p);
+        case 128: return launch_tensor_mma<128, 1>(space, p);
+        default: return launch_tensor_mma<256, 1>(space, p);
+      }
+    }
+    switch (hp) {
+      case 32: return launch_tensor_mma<32, 4>(space, p);
+      case 64: return launch_tensor_mma<64, 4>(space, p);
+      case 128: return launch_tensor_mma<128, 4>(space, p);
+      default: return launch_tensor_mma<256, 4>(space, p);
+    }
+  }
   if (ni == 32) {
     switch (hp) {
       case 32: return launch_tensor<32, 32>(space, p);
