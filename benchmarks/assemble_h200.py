@@ -21,6 +21,8 @@ gpus = open(f"{session}/gpus.txt").read().strip().splitlines()
 def config(r):
     engine = r.get("engine", "layered")
     engine = engine if engine in ("fused", "tensor") else f"layered-{r['gemm']}"
+    if r.get("tensor_kernel"):  # a tensor kernel forced by DPMLP_TENSOR_KERNEL
+        engine += "-" + r["tensor_kernel"]
     return f"{r['comm']}/{r['reduction']}/{engine}" + ("/graph" if r.get("graph") else "")
 
 

@@ -9,14 +9,17 @@
 // a_lo*b_hi + a_hi*b_lo + a_hi*b_hi (the dropped a_lo*b_lo is below fp32 rounding): three MMAs per product,
 // accumulated in fp32 (CUTLASS's 3xTF32 scheme).
 //
-// This is the only file that uses CUDA's warp matrix API (nvcuda::wmma). It launches its kernel itself, on
-// the Kokkos::Cuda instance's stream (so CUDA-graph capture and stream order are kept): Kokkos caps team
-// scratch at 48 KB, and at 256 hidden units the kernel needs about 110 KB of shared memory (two blocks an
-// SM still fit). It computes exactly what the SIMT kernel computes (the same per-block partial sums, in
-// the parameter layout, for the same block tree), with a different but equally fixed summation shape, so
-// it is reproducible across rank counts the same way: every sum depends only on the block's rows and the
+// Two kernels, chosen by tensor_kernel_for (below): the register-resident one (TensorMmaKernel, raw
+// mma.sync, 32 or fewer inputs) for steps with enough blocks to fill it, the warp-matrix one
+// (FusedTensorCoreKernel, CUDA's nvcuda::wmma, any shape the fused engines take) otherwise. This is the only
+// file that uses either. Each is launched here, on the Kokkos::Cuda instance's stream (so CUDA-graph capture
+// and stream order are kept): Kokkos caps team scratch at 48 KB, and both need more shared memory (up to
+// ~150 KB a block). Both compute exactly what the SIMT kernel computes (the same per-block partial sums, in
+// the parameter layout, for the same block tree), with different but equally fixed summation shapes, so
+// they are reproducible across rank counts the same way: every sum depends only on the block's rows and the
 // model's widths.
 //
+// The warp-matrix kernel:
 // Layout of the work, one CUDA block (8 warps) per reduction block, rows in chunks of C = 64:
 //   forward   Hpre[C x HP] = X[C x NI] W0[NI x HP]    warps own 16x16 output tiles (MMA)
 //   outputs   h = act(Hpre + b0), the outputs, residuals, output deltas d, the b1 and loss sums: one warp
