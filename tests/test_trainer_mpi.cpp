@@ -60,6 +60,9 @@ TEST_CASE("fused and tensor engines: bitwise the one-device parameters", "[train
   const std::vector<Case> cases = {
       {{8, 16, 1}, dpmlp::Activation::relu, 1000, 7},   {{8, 16, 1}, dpmlp::Activation::relu, 997, 64},
       {{8, 16, 1}, dpmlp::Activation::relu, 1001, 100}, {{40, 100, 3}, dpmlp::Activation::tanh, 523, 48},
+      // 1024 blocks: on CUDA the tensor engine's register-resident kernel, at every rank count (the kernel is
+      // chosen from the global block count; chosen from a rank's share, 2 ranks ran the other kernel).
+      {{8, 16, 1}, dpmlp::Activation::relu, 16384, 16},
   };
   for (const auto& c : cases) {
     for (const dpmlp::Engine engine : fused_engines(c.widths)) {  // tensor: CUDA only

@@ -232,7 +232,25 @@ class DataParallelTrainer {
     block_ = options.block_rows > 0 ? options.block_rows : default_block_rows(global_rows);
     plan_ = BlockTreePlan(global_rows, block_, comm_.rank(), comm_.size());
     gemm_ = options.gemm ? *options.gemm : linalg::default_backend<ExecSpace>(options.reduction == Reduction::reproducible);
-    engine_ = detail::BlockEngine<ExecSpace, Scalar>(model_, plan_.shard().rows(), block_, gemm_, engine_kind);
+    engine_ = detail::BlockEngine<ExecSpace, Scalar>(model_, plan_.shard().rows(), block_, gemm_, engine_kind,
+                                                     plan_.shard().blocks);
+    // Every rank must run the same engine (and tensor kernel): their sums differ in the last bits, so a mix
+    // (ranks on different kinds of device) would silently break the bitwise reproducibility.
+    {
+      const int mine = static_cast<int>(engine_.kind()) * 4 + engine_.tensor_kernel();
+      int lo = 0, hi = 0;
+      detail::check_mpi(MPI_Allreduce(&mine, &lo, 1, MPI_INT, MPI_MIN, c), "MPI_Allreduce");
+      detail::check_mpi(MPI_Allreduce(&mine, &hi, 1, MPI_INT, MPI_MAX, c), "MPI_Allreduce");
+      std::string mixed;
+      if (lo != hi) {
+        const int k = engine_.tensor_kernel();
+        mixed = std::string("dpmlp::DataParallelTrainer: the ranks resolved different engines (this rank: ") +
+                  engine_name(engine_.kind()) +
+                  (k == 1 ? ", register-resident kernel" : k == 2 ? ", warp-matrix kernel" : "") +
+                  "); ask for one engine with TrainerOptions::engine";
+      }
+      agree(c, mixed);
+    }
     reducer_ = BlockTreeReducer<ExecSpace, Scalar>(plan_, engine_.width(), options.reduction);
     state_ = Kokkos::View<Scalar*, memory_space>("dpmlp::optimizer_state", optimizer.state_size(model_.num_params()));
     sync_parameters();

@@ -176,10 +176,21 @@ class BlockEngine {
 
   BlockEngine() = default;
   // engine: Engine::fused, tensor or layered (resolve_engine turns automatic into one of them).
+  // global_blocks: the blocks of a step over every rank (0: this engine's own, one rank); the tensor engine
+  // picks its kernel from it, so every rank count runs the same kernel.
   BlockEngine(const Mlp<Scalar, memory_space>& model, std::int64_t rows, std::int64_t block, linalg::Backend gemm,
-              Engine engine = Engine::layered)
+              Engine engine = Engine::layered, std::int64_t global_blocks = 0)
       : model_(model), rows_(rows), block_(block), gemm_(gemm), kind_(engine) {
     blocks_ = (rows + block - 1) / block;
+    (void)global_blocks;
+#if defined(KOKKOS_ENABLE_CUDA)
+    if constexpr (tensor_space) {
+      if (kind_ == Engine::tensor) {
+        tensor_kernel_ = static_cast<int>(backend::tensor_kernel_for(
+            model.inputs(), model.widths()[1], model.outputs(), global_blocks > 0 ? global_blocks : blocks_));
+      }
+    }
+#endif
     width_ = static_cast<std::int64_t>(model.num_params()) + 1;  // + the sum of squared residuals
     partials_ = matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::partials"), blocks_, width_);
     if (kind_ == Engine::fused) layout_ = fused_layout(model);  // its shape is fixed now
@@ -302,6 +313,9 @@ class BlockEngine {
 
   std::int64_t width() const { return width_; }
   std::int64_t blocks() const { return blocks_; }
+  Engine kind() const { return kind_; }
+  // Which tensor kernel a step runs: 0 none (another engine), 1 register-resident, 2 warp-matrix.
+  int tensor_kernel() const { return tensor_kernel_; }
   const matrix& partials() const { return partials_; }
   const matrix& output() const { return acts_.back(); }
 
@@ -476,6 +490,7 @@ class BlockEngine {
       p.scale = scale;
       p.act = model_.activation();
       p.window = window;
+      p.kernel = static_cast<backend::TensorKernel>(tensor_kernel_);
       backend::compute_tensor(space, p);
       return;
     }
@@ -552,6 +567,7 @@ class BlockEngine {
   std::int64_t rows_ = 0, block_ = 1, blocks_ = 0, width_ = 0;
   linalg::Backend gemm_ = linalg::Backend::portable;
   Engine kind_ = Engine::layered;  // never automatic
+  int tensor_kernel_ = 0;           // see tensor_kernel()
   FusedLayout layout_;             // the fused kernel's shape (Engine::fused only)
   matrix partials_;
   std::vector<matrix> acts_;

@@ -47,6 +47,9 @@ for step in $steps; do
       run "multi_gpu_train, 2 GPUs, NCCL, CUDA graph" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE $B/examples/multi_gpu_train --graph
       run "multi_gpu_train, 2 GPUs, MPI communicator" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE $B/examples/multi_gpu_train --comm mpi
       run "multi_gpu_train, 2 GPUs, fast reduction" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE $B/examples/multi_gpu_train --reduction fast
+      # At the seed size Engine::automatic picks the warp-matrix tensor kernel; the register-resident one forced:
+      run "multi_gpu_train, 2 GPUs, NCCL, DPMLP_TENSOR_KERNEL=mma" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE \
+        -x DPMLP_TENSOR_KERNEL=mma $B/examples/multi_gpu_train
       ;;
     refuse)
       run "multi_gpu_train with one visible GPU (expect the refusal, exit 77)" 120 \
@@ -70,9 +73,13 @@ for step in $steps; do
         run "compute-sanitizer $tool: test_trainer_mpi (two test cases)" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE \
           compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/test_trainer_mpi \
           "*deeper models*"
-        # The fused and tensor kernels share a block's shared memory across several barriers a chunk.
-        run "compute-sanitizer $tool: test_trainer_mpi [fused] (fused and tensor engines, 1 GPU)" 300 mpirun -np 1 \
-          compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/test_trainer_mpi "[fused]"
+        # The fused and tensor kernels share a block's shared memory across several barriers a chunk; both
+        # tensor kernels, forced in turn (the tests' small shapes would pick the warp-matrix one).
+        for k in mma wmma; do
+          run "compute-sanitizer $tool: test_trainer_mpi [fused] (fused and tensor engines, tensor kernel $k, 1 GPU)" \
+            300 mpirun -np 1 -x DPMLP_TENSOR_KERNEL=$k \
+            compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/test_trainer_mpi "[fused]"
+        done
         for t in test_comm_mpi test_evaluator; do
           for dir in $B /tmp/build-port; do
             if [ -x $dir/tests/$t ]; then

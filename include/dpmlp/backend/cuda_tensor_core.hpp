@@ -87,8 +87,11 @@ inline std::size_t tensor_scratch_bytes(int ni, int hp, int no) {
          128;
 }
 
+// The tensor engine's two kernels (tensor_kernel_for says which runs).
+enum class TensorKernel { none, mma, wmma };
+
 // What the tensor engine needs to run a step: the model's shape and parameter offsets, the data, where the
-// partial sums go (one row of `ld` a block).
+// partial sums go (one row of `ld` a block), and which kernel (chosen once, the same on every rank).
 struct TensorProblem {
   const float* x = nullptr;  // rows x n_in, row-major
   const float* y = nullptr;  // rows x NO, row-major
@@ -100,6 +103,7 @@ struct TensorProblem {
   float scale = 1;
   Activation act = Activation::relu;
   RowWindow window;
+  TensorKernel kernel = TensorKernel::none;  // none: tensor_kernel_for(n_in, H, NO, blocks)
 };
 
 // NI: padded inputs (32 or 64); HP: padded hidden units (32, 64, 128 or 256). The problem is its base, so
@@ -496,9 +500,11 @@ struct TensorMmaKernel : TensorProblem {
 
 #if defined(__CUDACC__)
   // hi: v rounded to TF32 (to nearest, ties away, as cvt.rna: an integer add and a mask, where cvt.rna costs
-  // a compare more); lo = v - hi, exact in fp32, passed whole: the MMA reads a TF32 operand's top 19 bits,
-  // so lo is truncated there, an error of at most 2^-11 |lo| <= 2^-22 |v|, the size of the dropped lo*lo.
-  // Splits are a third of the kernel's instructions, so their cost matters.
+  // a compare more; it differs from cvt.rna only within 2^-11 of FLT_MAX, where hi becomes inf); lo = v - hi,
+  // exact in fp32, passed whole: the tensor cores read a TF32 operand's top 19 bits, so lo is truncated
+  // there, an error of at most 2^-11 |lo| <= 2^-22 |v|, the size of the dropped lo*lo. PTX leaves the low
+  // bits of a .tf32 operand to the implementation: sm_80 and sm_90 ignore them (the CUDA ctest's tensor tests,
+  // against fp64, are the check on a new architecture). Splits were a third of the kernel's instructions.
   __device__ static void split(float v, std::uint32_t& hi, std::uint32_t& lo) {
     hi = (__float_as_uint(v) + 0x1000u) & 0xffffe000u;
     lo = __float_as_uint(v - __uint_as_float(hi));
@@ -518,15 +524,15 @@ struct TensorMmaKernel : TensorProblem {
     }
   }
 
-  // Rows of block b (0 past the last).
-  __device__ int block_rows(std::int64_t b) const {
+  // Rows of block b (0 past the last; a block has at least one row).
+  __device__ std::int64_t block_rows(std::int64_t b) const {
     if (b >= blocks) return 0;
     const std::int64_t r0 = b * block, r1 = r0 + block < rows ? r0 + block : rows;
-    return static_cast<int>(r1 - r0);
+    return r1 - r0;
   }
   // The team's next batch after (b, k): the block's next, else the first of its next block; b >= blocks at
   // the end. nteams: teams in the grid.
-  __device__ void advance(std::int64_t& b, int& k, std::int64_t nteams) const {
+  __device__ void advance(std::int64_t& b, std::int64_t& k, std::int64_t nteams) const {
     ++k;
     if (k * RB >= block_rows(b)) {
       b += nteams;
@@ -535,10 +541,10 @@ struct TensorMmaKernel : TensorProblem {
   }
   // Start the copy of batch (gr, k) into xs (32 x LDX; zeros past the block's rows and the inputs), one
   // cp.async group a call (empty at the end).
-  __device__ void issue(std::int64_t b, int k, float* xs, int tl) const {
+  __device__ void issue(std::int64_t b, std::int64_t k, float* xs, int tl) const {
     if (b < blocks) {
-      const std::int64_t r0 = b * block + std::int64_t(k) * RB;
-      const int left = block_rows(b) - k * RB, n = left < RB ? left : RB;
+      const std::int64_t r0 = b * block + k * RB, left = block_rows(b) - k * RB;
+      const int n = left < RB ? static_cast<int>(left) : RB;
       if (vec16) {
         for (int c = tl; c < RB * NI / 4; c += WH * 32) {
           const int r = c / (NI / 4), q = c % (NI / 4);
@@ -618,8 +624,7 @@ struct TensorMmaKernel : TensorProblem {
     __syncthreads();  // the W0^T fragments are in
 
     // The producer's cursor: the team's first batch, then two issued ahead.
-    std::int64_t pb = first;
-    int pk = 0;
+    std::int64_t pb = first, pk = 0;
     int q = 0;  // batches consumed
     issue(pb, pk, xbuf, tl);
     advance(pb, pk, nteams);
@@ -627,14 +632,14 @@ struct TensorMmaKernel : TensorProblem {
     advance(pb, pk, nteams);
 
     for (std::int64_t b = first; b < blocks; b += nteams) {
-      const int nrows = block_rows(b);
+      const std::int64_t nrows = block_rows(b);
       const std::int64_t r_block = b * block;
       // This thread's sums for the group's block: gW0^T tiles (MMA accumulators), b0 and W1 for its hidden
       // units over its rows; b1 (gl) and the loss (lsum) over the rows it is lane of.
       float gw[MT][FT][4] = {}, gb0[MT][2] = {}, gw1[MT][2][NOC] = {}, gl[NOC] = {}, lsum = 0.0f;
-      for (int k = 0; k * RB < nrows; ++k, ++q) {
-        const int n = nrows - k * RB < RB ? nrows - k * RB : RB;
-        const std::int64_t r0 = r_block + std::int64_t(k) * RB;
+      for (std::int64_t k = 0; k * RB < nrows; ++k, ++q) {
+        const int n = nrows - k * RB < RB ? static_cast<int>(nrows - k * RB) : RB;
+        const std::int64_t r0 = r_block + k * RB;
         asm volatile("cp.async.wait_group 1;" ::: "memory");
         team_sync(team);  // batch q is in; every warp of the team is done with batch q - 1
         issue(pb, pk, xbuf + ((q + 2) % ST) * RB * LDX, tl);
@@ -932,13 +937,15 @@ inline void launch_tensor_mma(const Kokkos::Cuda& space, const TensorProblem& p)
 #endif
 }
 
-// Which tensor kernel runs a step of `blocks` reduction blocks for a model of this shape on the current
-// device. The register-resident one (32 or fewer inputs, its shared memory fitting) where the blocks fill at
-// least half of its teams (8 / (hp / 32) an SM, a team a block); with fewer, the warp-matrix one, a CTA a
-// block, spreads them over more SMs (the seed's 20000 rows: 3.94 against 4.75 ms per 100 steps, 2xH200).
-// Else none. DPMLP_TENSOR_KERNEL=mma or wmma picks one where it fits (tests, measurements).
-enum class TensorKernel { none, mma, wmma };
-inline TensorKernel tensor_kernel_for(int inputs, int hidden, int outputs, std::int64_t blocks) {
+// Which tensor kernel runs a model of this shape whose steps have `global_blocks` reduction blocks in all
+// (over every rank). The two kernels' sums have different shapes, so the choice must not depend on a rank's
+// share, or the trained bits would depend on the rank count: it depends on the model, the global block count
+// and the device's shared memory only. The register-resident kernel (32 or fewer inputs, its shared memory
+// fitting) from 128 * 8 / (hp / 32) blocks on: enough to fill half of its teams (8 / (hp / 32) an SM, a team
+// a block) on a 128-SM GPU split over two ranks; with fewer, the warp-matrix one, a CTA a block, spreads them
+// over more SMs (the seed's 313 blocks: 3.94 against 4.75 ms per 100 steps, 2xH200). Else none.
+// DPMLP_TENSOR_KERNEL=mma or wmma picks one where it fits (tests, measurements).
+inline TensorKernel tensor_kernel_for(int inputs, int hidden, int outputs, std::int64_t global_blocks) {
   static const std::string forced = [] {
     const char* v = std::getenv("DPMLP_TENSOR_KERNEL");
     return std::string(v != nullptr ? v : "");
@@ -947,8 +954,7 @@ inline TensorKernel tensor_kernel_for(int inputs, int hidden, int outputs, std::
   const int ni = tensor_ni(inputs), hp = tensor_hp(hidden);
   const bool mma = ni == 32 && mma_scratch_bytes(hp, outputs == 1 ? 1 : 4) <= most;
   const bool wmma = tensor_scratch_bytes(ni, hp, outputs) <= most;
-  const std::int64_t team_slots = std::int64_t(tensor_device().sms) * (8 / (hp / 32));
-  const bool prefer_mma = forced == "mma" || (forced != "wmma" && 2 * blocks >= team_slots);
+  const bool prefer_mma = forced == "mma" || (forced != "wmma" && global_blocks >= 128 * (8 / (hp / 32)));
   if (mma && (prefer_mma || !wmma)) return TensorKernel::mma;
   if (wmma) return TensorKernel::wmma;
   return TensorKernel::none;
@@ -969,7 +975,9 @@ inline std::string tensor_unsupported(int inputs, int hidden, int outputs) {
 // One step's per-block partial sums on tensor cores: the kernel instantiated for the model's padded shape.
 inline void compute_tensor(const Kokkos::Cuda& space, const TensorProblem& p) {
   const int ni = tensor_ni(p.n_in), hp = tensor_hp(p.H);
-  if (tensor_kernel_for(p.n_in, p.H, p.NO, p.blocks) == TensorKernel::mma) {
+  if (p.rows == 0 || p.blocks == 0) return;
+  const TensorKernel kernel = p.kernel != TensorKernel::none ? p.kernel : tensor_kernel_for(p.n_in, p.H, p.NO, p.blocks);
+  if (kernel == TensorKernel::mma) {
     if (p.NO == 1) {
       switch (hp) {
         case 32: return launch_tensor_mma<32, 1>(space, p);
