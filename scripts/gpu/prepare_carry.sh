@@ -5,6 +5,7 @@
 #   .carry/build-port   optional: a build with cuBLAS and NCCL off (the portable path)
 #   .carry/reference    ../shared/reference (the tests read it from /work/shared/reference)
 #   .carry/anchors      ../shared/anchors (jax_ref.py, ddp_ref.py)
+#   .carry/builds.tar.xz  the two builds packed, when they would pass 60 MB
 # Usage: scripts/gpu/prepare_carry.sh <cuda build dir> [<portable build dir>]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -23,4 +24,9 @@ stage "$1" build-cuda
 if [ $# -ge 2 ]; then stage "$2" build-port; fi
 cp -r ../shared/reference .carry/reference
 cp -r ../shared/anchors .carry/anchors
+# The device tool carries at most 64 MiB: past 60 MB, the builds travel as one .tar.xz (the GPU-side scripts
+# unpack it). Every trainer executable holds the tensor kernels' instantiations (~2.6 MB each).
+if [ "$(du -sb .carry | cut -f1)" -gt 60000000 ]; then
+  (cd .carry && tar -cf - build-* | xz -T0 -6 > builds.tar.xz && rm -rf build-cuda build-port)
+fi
 du -sh .carry/*

@@ -11,6 +11,7 @@ mkdir -p "$OUT" /work/shared
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 # The CTest files name the build and source folders of the build machine.
 rm -rf /tmp/build-cuda /tmp/build-port /tmp/build-cuda2
+if [ -f .carry/builds.tar.xz ] && [ ! -d .carry/build-cuda ]; then tar -xJf .carry/builds.tar.xz -C .carry; fi
 cp -r .carry/build-cuda /tmp/build-cuda
 ln -sfn /tmp/build-cuda /tmp/build-cuda2  # a build configured as /tmp/build-cuda2 names that folder
 [ -d .carry/build-port ] && cp -r .carry/build-port /tmp/build-port
