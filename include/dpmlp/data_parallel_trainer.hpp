@@ -237,12 +237,12 @@ class DataParallelTrainer {
     // Every rank must run the same engine (and tensor kernel): their sums differ in the last bits, so a mix
     // (ranks on different kinds of device) would silently break the bitwise reproducibility.
     {
-      const int mine = static_cast<int>(engine_.kind()) * 4 + engine_.tensor_kernel();
-      int lo = 0, hi = 0;
-      detail::check_mpi(MPI_Allreduce(&mine, &lo, 1, MPI_INT, MPI_MIN, c), "MPI_Allreduce");
-      detail::check_mpi(MPI_Allreduce(&mine, &hi, 1, MPI_INT, MPI_MAX, c), "MPI_Allreduce");
+      const int code = static_cast<int>(engine_.kind()) * 4 + engine_.tensor_kernel();
+      const int mine[2] = {code, -code};  // one MAX gives the largest and (negated) the smallest
+      int most[2] = {0, 0};
+      detail::check_mpi(MPI_Allreduce(mine, most, 2, MPI_INT, MPI_MAX, c), "MPI_Allreduce");
       std::string mixed;
-      if (lo != hi) {
+      if (most[0] != -most[1]) {
         const int k = engine_.tensor_kernel();
         mixed = std::string("dpmlp::DataParallelTrainer: the ranks resolved different engines (this rank: ") +
                   engine_name(engine_.kind()) +

@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include <cuda_runtime.h>
 #if defined(__CUDACC__)
@@ -516,6 +517,27 @@ struct TensorMmaKernel : TensorProblem {
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
+  // acc[m][n] += a[m] b[n] for every tile pair, in 3xTF32: every lo*hi MMA, then every hi*lo, then every
+  // hi*hi, so an accumulator's three dependent MMAs are M*N MMAs apart.
+  template <int M, int N>
+  __device__ static void mma3(float (&acc)[M][N][4], const std::uint32_t (&ahi)[M][4], const std::uint32_t (&alo)[M][4],
+                              const std::uint32_t (&bhi)[N][2], const std::uint32_t (&blo)[N][2]) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+#pragma unroll
+      for (int n = 0; n < N; ++n) mma(acc[m][n], alo[m], bhi[n][0], bhi[n][1]);
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+#pragma unroll
+      for (int n = 0; n < N; ++n) mma(acc[m][n], ahi[m], blo[n][0], blo[n][1]);
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+#pragma unroll
+      for (int n = 0; n < N; ++n) mma(acc[m][n], ahi[m], bhi[n][0], bhi[n][1]);
+    }
+  }
   __device__ static void team_sync(int team) {
     if constexpr (WH == 1) {
       __syncwarp();
@@ -672,21 +694,7 @@ struct TensorMmaKernel : TensorProblem {
             split(xs[(nt * 8 + g) * LDX + kt * 8 + tg], bh[nt][0], bl[nt][0]);
             split(xs[(nt * 8 + g) * LDX + kt * 8 + tg + 4], bh[nt][1], bl[nt][1]);
           }
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-            for (int nt = 0; nt < NB; ++nt) mma(z[mt][nt], wlo[mt], bh[nt][0], bh[nt][1]);
-          }
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-            for (int nt = 0; nt < NB; ++nt) mma(z[mt][nt], whi[mt], bl[nt][0], bl[nt][1]);
-          }
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-            for (int nt = 0; nt < NB; ++nt) mma(z[mt][nt], whi[mt], bh[nt][0], bh[nt][1]);
-          }
+          mma3(z, whi, wlo, bh, bl);
         }
 
         // Activations in place; the warp's output sums for rows nt*8 + 2*tg + bit, over its hidden units.
@@ -795,21 +803,7 @@ struct TensorMmaKernel : TensorProblem {
             split(xs[(nt * 8 + 2 * tg) * LDX + ft * 8 + g], bh[ft][0], bl[ft][0]);
             split(xs[(nt * 8 + 2 * tg + 1) * LDX + ft * 8 + g], bh[ft][1], bl[ft][1]);
           }
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-            for (int ft = 0; ft < FT; ++ft) mma(gw[mt][ft], al[mt], bh[ft][0], bh[ft][1]);
-          }
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-            for (int ft = 0; ft < FT; ++ft) mma(gw[mt][ft], ah[mt], bl[ft][0], bl[ft][1]);
-          }
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-            for (int ft = 0; ft < FT; ++ft) mma(gw[mt][ft], ah[mt], bh[ft][0], bh[ft][1]);
-          }
+          mma3(gw, ah, al, bh, bl);
         }
       }
 
@@ -974,38 +968,23 @@ inline std::string tensor_unsupported(int inputs, int hidden, int outputs) {
 
 // One step's per-block partial sums on tensor cores: the kernel instantiated for the model's padded shape.
 inline void compute_tensor(const Kokkos::Cuda& space, const TensorProblem& p) {
-  const int ni = tensor_ni(p.n_in), hp = tensor_hp(p.H);
   if (p.rows == 0 || p.blocks == 0) return;
   const TensorKernel kernel = p.kernel != TensorKernel::none ? p.kernel : tensor_kernel_for(p.n_in, p.H, p.NO, p.blocks);
-  if (kernel == TensorKernel::mma) {
-    if (p.NO == 1) {
-      switch (hp) {
-        case 32: return launch_tensor_mma<32, 1>(space, p);
-        case 64: return launch_tensor_mma<64, 1>(space, p);
-        case 128: return launch_tensor_mma<128, 1>(space, p);
-        default: return launch_tensor_mma<256, 1>(space, p);
-      }
+  const bool narrow = tensor_ni(p.n_in) == 32;
+  const auto launch = [&](auto hp) {
+    constexpr int HP = decltype(hp)::value;
+    if (kernel == TensorKernel::mma) {
+      if (p.NO == 1) return launch_tensor_mma<HP, 1>(space, p);
+      return launch_tensor_mma<HP, 4>(space, p);
     }
-    switch (hp) {
-      case 32: return launch_tensor_mma<32, 4>(space, p);
-      case 64: return launch_tensor_mma<64, 4>(space, p);
-      case 128: return launch_tensor_mma<128, 4>(space, p);
-      default: return launch_tensor_mma<256, 4>(space, p);
-    }
-  }
-  if (ni == 32) {
-    switch (hp) {
-      case 32: return launch_tensor<32, 32>(space, p);
-      case 64: return launch_tensor<32, 64>(space, p);
-      case 128: return launch_tensor<32, 128>(space, p);
-      default: return launch_tensor<32, 256>(space, p);
-    }
-  }
-  switch (hp) {
-    case 32: return launch_tensor<64, 32>(space, p);
-    case 64: return launch_tensor<64, 64>(space, p);
-    case 128: return launch_tensor<64, 128>(space, p);
-    default: return launch_tensor<64, 256>(space, p);
+    if (narrow) return launch_tensor<32, HP>(space, p);
+    return launch_tensor<64, HP>(space, p);
+  };
+  switch (tensor_hp(p.H)) {
+    case 32: return launch(std::integral_constant<int, 32>());
+    case 64: return launch(std::integral_constant<int, 64>());
+    case 128: return launch(std::integral_constant<int, 128>());
+    default: return launch(std::integral_constant<int, 256>());
   }
 }
 
