@@ -190,8 +190,9 @@ int breakdown(const Options& o) {
   dpmlp::DataParallelTrainer<ExecSpace, Comm> trainer(comm, model, o.rows, sgd, topt);
   const auto data = seed::make(space, trainer.shard(), o.cols);
   trainer.set_data(data.x, data.y);
+  // The trainer's engine, kernel included (the tensor engine picks its kernel from the global block count).
   dpmlp::detail::BlockEngine<ExecSpace, float> engine(model, trainer.shard().rows(), trainer.block_rows(),
-                                                      trainer.gemm_backend(), trainer.engine());
+                                                      trainer.gemm_backend(), trainer.engine(), trainer.shard().blocks);
   dpmlp::BlockTreeReducer<ExecSpace, float> reducer(trainer.plan(), engine.width(), topt.reduction);
   const int n = std::max(o.steps, 20);
   auto per_call_us = [&](auto&& f) {

@@ -229,7 +229,8 @@ class DataParallelTrainer {
     }
     agree(c, problem.empty() ? problem : "dpmlp::DataParallelTrainer: " + problem);
     global_rows_ = global_rows;
-    block_ = options.block_rows > 0 ? options.block_rows : default_block_rows(global_rows);
+    block_ = options.block_rows > 0 ? options.block_rows
+                                    : default_block_rows(global_rows, static_cast<std::int64_t>(model.num_params()) + 1);
     plan_ = BlockTreePlan(global_rows, block_, comm_.rank(), comm_.size());
     gemm_ = options.gemm ? *options.gemm : linalg::default_backend<ExecSpace>(options.reduction == Reduction::reproducible);
     engine_ = detail::BlockEngine<ExecSpace, Scalar>(model_, plan_.shard().rows(), block_, gemm_, engine_kind,
@@ -586,7 +587,8 @@ Scalar value_and_grad(const ExecSpace& space, const Mlp<Scalar, typename ExecSpa
   const std::int64_t rows = x.extent(0);
   if (rows <= 0) throw InputError("dpmlp::value_and_grad: zero rows");
   if (grad.extent(0) != model.num_params()) throw InputError("dpmlp::value_and_grad: grad has the wrong size");
-  const std::int64_t block = block_rows > 0 ? block_rows : default_block_rows(rows);
+  const std::int64_t block =
+      block_rows > 0 ? block_rows : default_block_rows(rows, static_cast<std::int64_t>(model.num_params()) + 1);
   const BlockTreePlan plan(rows, block, 0, 1);
   const auto backend = linalg::default_backend<ExecSpace>(true);
   using engine_t = detail::BlockEngine<ExecSpace, Scalar>;

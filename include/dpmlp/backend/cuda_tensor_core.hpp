@@ -462,10 +462,16 @@ inline void launch_tensor(const Kokkos::Cuda& space, const TensorProblem& p) {
 //             and a k step's order does not matter to a sum as long as B (X, read from shared memory) uses
 //             the same one, so row 2t is k = t and row 2t+1 is k = t + 4. No shuffles, no staging.
 // Warps: a team of WH = HP / 32 warps covers the hidden units (32 each: two 16-unit MMA tiles); a CTA of 8
-// warps has WR = 8 / WH teams. A team takes whole reduction blocks (blocks team, team + teams, ... of the
-// grid), 32 rows at a time (four 8-row MMA tiles), and writes each block's sums itself: a block's partial
-// sums depend on its rows and the widths only (rank-count reproducible), and teams never wait for each
-// other. x rows arrive by cp.async, three batches deep (across blocks), so loads overlap the MMAs.
+// warps has WR = 8 / WH teams. A team takes whole reduction blocks (team-major: team t of CTA c takes block
+// t * CTAs + c, then every teams-th after it), 32 rows at a time (four 8-row MMA tiles), and writes each
+// block's sums itself: a block's partial sums depend on its rows and the widths only (rank-count
+// reproducible), and teams never wait for each other.
+// Pipelining: the warps of a team meet at a barrier twice a batch (the output sums cross warps), so without
+// it every warp of an SM would run its MMAs at the same time and its SIMT phases at the same time. Instead a
+// batch's output phase (SIMT) runs alongside the next batch's forward MMAs, which do not depend on it; the
+// next batch's pre-activations and the gW0 accumulators wait in shared memory while not in use, which keeps
+// the registers under 255 without spills. x rows arrive by cp.async a batch ahead of that forward (three
+// buffers: the batch in its backward, the next in its forward, the one after in flight).
 inline constexpr int mma_batch_rows = 32;  // rows a team takes at once
 inline constexpr int mma_stages = 3;       // x batches a team keeps in flight
 
@@ -474,7 +480,8 @@ inline constexpr int mma_stages = 3;       // x batches a team keeps in flight
 // W0^T fragments (hp x 32 x 2).
 inline std::size_t mma_scratch_bytes(int hp, int no) {
   const std::size_t wh = hp / 32, teams = 8 / wh;
-  return (teams * mma_stages * mma_batch_rows * 36 + teams * wh * mma_batch_rows * no + std::size_t(hp) * 32 * 2) *
+  return (teams * mma_stages * mma_batch_rows * 36 + teams * wh * mma_batch_rows * no + std::size_t(hp) * 32 * 2 +
+          2 * 256 * 32) *
              sizeof(float) +
          128;
 }
@@ -561,29 +568,28 @@ struct TensorMmaKernel : TensorProblem {
       k = 0;
     }
   }
-  // Start the copy of batch (gr, k) into xs (32 x LDX; zeros past the block's rows and the inputs), one
-  // cp.async group a call (empty at the end).
+  // Start the copy of batch (b, k) into xs (32 x LDX; zeros past the block's rows and the inputs, and all
+  // zeros past the last block, where the pipelined forward still reads a batch), one cp.async group a call.
   __device__ void issue(std::int64_t b, std::int64_t k, float* xs, int tl) const {
-    if (b < blocks) {
-      const std::int64_t r0 = b * block + k * RB, left = block_rows(b) - k * RB;
-      const int n = left < RB ? static_cast<int>(left) : RB;
-      if (vec16) {
-        for (int c = tl; c < RB * NI / 4; c += WH * 32) {
-          const int r = c / (NI / 4), q = c % (NI / 4);
-          int bytes = (n_in - 4 * q) * 4;
-          bytes = r < n ? (bytes < 0 ? 0 : bytes > 16 ? 16 : bytes) : 0;
-          const float* src = bytes > 0 ? x + (r0 + r) * n_in + 4 * q : x;
-          const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(xs + r * LDX + 4 * q));
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-        }
-      } else {
-        for (int e = tl; e < RB * NI; e += WH * 32) {
-          const int r = e / NI, i = e % NI;
-          const bool ok = r < n && i < n_in;
-          const float* src = ok ? x + (r0 + r) * n_in + i : x;
-          const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(xs + r * LDX + i));
-          asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
-        }
+    const std::int64_t r0 = b * block + k * RB, left = block_rows(b) - k * RB;
+    const int n = left <= 0 ? 0 : left < RB ? static_cast<int>(left) : RB;
+    if (vec16) {
+#pragma unroll
+      for (int c0 = 0; c0 < RB * NI / 4; c0 += WH * 32) {
+        const int c = c0 + tl, r = c / (NI / 4), q = c % (NI / 4);
+        int bytes = (n_in - 4 * q) * 4;
+        bytes = r < n ? (bytes < 0 ? 0 : bytes > 16 ? 16 : bytes) : 0;
+        const float* src = bytes > 0 ? x + (r0 + r) * n_in + 4 * q : x;
+        const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(xs + r * LDX + 4 * q));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+      }
+    } else {
+      for (int e = tl; e < RB * NI; e += WH * 32) {
+        const int r = e / NI, i = e % NI;
+        const bool ok = r < n && i < n_in;
+        const float* src = ok ? x + (r0 + r) * n_in + i : x;
+        const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(xs + r * LDX + i));
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
       }
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
@@ -602,13 +608,23 @@ struct TensorMmaKernel : TensorProblem {
   __device__ void run_as(char* smem) const {
     const int t = static_cast<int>(threadIdx.x), warp = t / 32, lane = t % 32, g = lane / 4, tg = lane % 4;
     const int team = warp / WH, wh = warp % WH, tl = t - team * WH * 32;  // tl: thread in the team
-    const std::int64_t nteams = std::int64_t(gridDim.x) * WR, first = std::int64_t(blockIdx.x) * WR + team;
+    // Team-major: a step with fewer blocks than teams spreads them over the CTAs (one SM each) first.
+    const std::int64_t nteams = std::int64_t(gridDim.x) * WR, first = std::int64_t(team) * gridDim.x + blockIdx.x;
 
-    float* const base = reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(smem) + 127) & ~std::uintptr_t(127));
+    // Aligned by pointer arithmetic on smem itself (not through an integer), so the compiler still knows
+    // every pointer below is shared memory and emits LDS / STS, not generic loads and stores.
+    const unsigned misalign = static_cast<unsigned>(__cvta_generic_to_shared(smem)) & 127u;
+    float* const base = reinterpret_cast<float*>(smem + ((128u - misalign) & 127u));
     float* const xbuf = base + team * ST * RB * LDX;
     float* const part = base + WR * ST * RB * LDX + team * WH * RB * NOC;  // [wh][row][o]
     // W0^T fragments: [wh][mt][kt][hi, lo][lane][4], so a lane reads its four with one 16-byte load.
     float* const w0f = base + WR * ST * RB * LDX + WR * WH * RB * NOC;
+    // This thread's gW0^T accumulators between backward phases and the next batch's pre-activations between
+    // its forward and its output phase: [chunk][thread][4] each, conflict-free.
+    float* const gwp = w0f + HP * NI * 2 + 4 * t;
+    float* const zp = gwp + MT * FT * T * 4;
+#pragma unroll
+    for (int c = 0; c < MT * FT; ++c) *reinterpret_cast<float4*>(gwp + c * T * 4) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
     // The parameters, zero-padded: W0^T as split A fragments into shared memory (the first team's warps),
     // b0 and W1 for the hidden units this thread holds (j = wh*32 + mt*16 + hb*8 + g), b1.
@@ -629,238 +645,333 @@ struct TensorMmaKernel : TensorProblem {
         }
       }
     }
-    float b0r[MT][2], w1r[MT][2][NOC], b1r[NOC];
+    Step s;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
       for (int hb = 0; hb < 2; ++hb) {
         const int j = wh * 32 + mt * 16 + hb * 8 + g;
-        b0r[mt][hb] = j < H ? params[b0off + j] : 0.0f;
+        s.b0r[mt][hb] = j < H ? params[b0off + j] : 0.0f;
 #pragma unroll
-        for (int o = 0; o < NOC; ++o) w1r[mt][hb][o] = (j < H && o < NO) ? params[w1off + j * NO + o] : 0.0f;
+        for (int o = 0; o < NOC; ++o) s.w1r[mt][hb][o] = (j < H && o < NO) ? params[w1off + j * NO + o] : 0.0f;
       }
     }
 #pragma unroll
-    for (int o = 0; o < NOC; ++o) b1r[o] = o < NO ? params[b1off + o] : 0.0f;
+    for (int o = 0; o < NOC; ++o) s.b1r[o] = o < NO ? params[b1off + o] : 0.0f;
+    s.clear();
+
+    // Three cursors over the team's batches: the current one (q), the next (its forward runs during this
+    // one's output phase) and the one being copied in.
+    s.cb = first, s.ck = 0;
+    s.nb = s.cb, s.nk = s.ck;
+    advance(s.nb, s.nk, nteams);
+    s.pb = s.nb, s.pk = s.nk;
+    advance(s.pb, s.pk, nteams);
+    s.q = 0;
+    issue(s.cb, s.ck, xbuf, tl);
+    issue(s.nb, s.nk, xbuf + RB * LDX, tl);
+    load_y(s.cb, s.ck, lane, s.yc);
 
     __syncthreads();  // the W0^T fragments are in
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+    team_sync(team);  // batch 0 is in
+    {
+      float z[MT][NB][4];
+      forward(z, xbuf, w0f, s, wh, lane, g, tg);
+      park(zp, z);
+    }
+    while (s.cb < blocks) batch<A>(s, xbuf, part, w0f, gwp, zp, nteams, team, wh, lane, g, tg, tl);
+    asm volatile("cp.async.wait_all;" ::: "memory");
+  }
 
-    // The producer's cursor: the team's first batch, then two issued ahead.
-    std::int64_t pb = first, pk = 0;
-    int q = 0;  // batches consumed
-    issue(pb, pk, xbuf, tl);
-    advance(pb, pk, nteams);
-    issue(pb, pk, xbuf + RB * LDX, tl);
-    advance(pb, pk, nteams);
-
-    for (std::int64_t b = first; b < blocks; b += nteams) {
-      const std::int64_t nrows = block_rows(b);
-      const std::int64_t r_block = b * block;
-      // This thread's sums for the group's block: gW0^T tiles (MMA accumulators), b0 and W1 for its hidden
-      // units over its rows; b1 (gl) and the loss (lsum) over the rows it is lane of.
-      float gw[MT][FT][4] = {}, gb0[MT][2] = {}, gw1[MT][2][NOC] = {}, gl[NOC] = {}, lsum = 0.0f;
-      for (std::int64_t k = 0; k * RB < nrows; ++k, ++q) {
-        const int n = nrows - k * RB < RB ? static_cast<int>(nrows - k * RB) : RB;
-        const std::int64_t r0 = r_block + k * RB;
-        asm volatile("cp.async.wait_group 1;" ::: "memory");
-        team_sync(team);  // batch q is in; every warp of the team is done with batch q - 1
-        issue(pb, pk, xbuf + ((q + 2) % ST) * RB * LDX, tl);
-        advance(pb, pk, nteams);
-        const float* const xs = xbuf + (q % ST) * RB * LDX;
-
-        // Forward, z = W0^T x + b0: small terms first in each k step.
-        float z[MT][NB][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-          for (int nt = 0; nt < NB; ++nt) {
-            z[mt][nt][0] = z[mt][nt][1] = b0r[mt][0];
-            z[mt][nt][2] = z[mt][nt][3] = b0r[mt][1];
-          }
-        }
-#pragma unroll
-        for (int kt = 0; kt < KT; ++kt) {
-          std::uint32_t whi[MT][4], wlo[MT][4];
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            const uint4* const src = reinterpret_cast<const uint4*>(w0f) + ((wh * MT + mt) * KT + kt) * 64 + lane;
-            const uint4 h4 = src[0], l4 = src[32];
-            whi[mt][0] = h4.x, whi[mt][1] = h4.y, whi[mt][2] = h4.z, whi[mt][3] = h4.w;
-            wlo[mt][0] = l4.x, wlo[mt][1] = l4.y, wlo[mt][2] = l4.z, wlo[mt][3] = l4.w;
-          }
-          std::uint32_t bh[NB][2], bl[NB][2];
-#pragma unroll
-          for (int nt = 0; nt < NB; ++nt) {
-            split(xs[(nt * 8 + g) * LDX + kt * 8 + tg], bh[nt][0], bl[nt][0]);
-            split(xs[(nt * 8 + g) * LDX + kt * 8 + tg + 4], bh[nt][1], bl[nt][1]);
-          }
-          mma3(z, whi, wlo, bh, bl);
-        }
-
-        // Activations in place; the warp's output sums for rows nt*8 + 2*tg + bit, over its hidden units.
-        float p[NB][2][NOC];
-#pragma unroll
-        for (int nt = 0; nt < NB; ++nt) {
-#pragma unroll
-          for (int bit = 0; bit < 2; ++bit) {
-#pragma unroll
-            for (int o = 0; o < NOC; ++o) p[nt][bit][o] = 0.0f;
-          }
-        }
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-          for (int nt = 0; nt < NB; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const float h = activate(A, z[mt][nt][e]);
-              z[mt][nt][e] = h;
-#pragma unroll
-              for (int o = 0; o < NOC; ++o) p[nt][e % 2][o] += h * w1r[mt][e / 2][o];
-            }
-          }
-        }
-        // Over g (lane bits 2..4): a butterfly, so every lane of a row holds the same bits.
-#pragma unroll
-        for (int nt = 0; nt < NB; ++nt) {
-#pragma unroll
-          for (int bit = 0; bit < 2; ++bit) {
-#pragma unroll
-            for (int o = 0; o < NOC; ++o) {
-              float v = p[nt][bit][o];
-              v += __shfl_xor_sync(0xffffffffu, v, 4);
-              v += __shfl_xor_sync(0xffffffffu, v, 8);
-              v += __shfl_xor_sync(0xffffffffu, v, 16);
-              if (g == 0) part[(wh * RB + nt * 8 + 2 * tg + bit) * NOC + o] = v;
-            }
-          }
-        }
-        team_sync(team);
-
-        // Lane = row of the batch: the full output (the team's warps in order), residual and output delta.
-        float d[NOC];
-        {
-          const std::int64_t row = r0 + lane;
-          const bool learn = lane < n && window.contains(row);
-#pragma unroll
-          for (int o = 0; o < NOC; ++o) {
-            float out = 0.0f;
-#pragma unroll
-            for (int w = 0; w < WH; ++w) out += part[(w * RB + lane) * NOC + o];
-            d[o] = 0.0f;
-            if (learn && o < NO) {
-              const float res = out + b1r[o] - y[row * NO + o];
-              d[o] = 2.0f * scale * res;
-              lsum += res * res;
-              gl[o] += d[o];
-            }
-          }
-        }
-        // Hidden deltas in place, and this thread's b0 and W1 sums.
-        float dr[NB][2][NOC];
-#pragma unroll
-        for (int nt = 0; nt < NB; ++nt) {
-#pragma unroll
-          for (int bit = 0; bit < 2; ++bit) {
-#pragma unroll
-            for (int o = 0; o < NOC; ++o) dr[nt][bit][o] = __shfl_sync(0xffffffffu, d[o], nt * 8 + 2 * tg + bit);
-          }
-        }
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-          for (int nt = 0; nt < NB; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const float h = z[mt][nt][e];
-              float da = 0.0f;
-#pragma unroll
-              for (int o = 0; o < NOC; ++o) {
-                da += dr[nt][e % 2][o] * w1r[mt][e / 2][o];
-                gw1[mt][e / 2][o] += h * dr[nt][e % 2][o];
-              }
-              const float dz = da * activate_grad_from_output(A, h);
-              gb0[mt][e / 2] += dz;
-              z[mt][nt][e] = dz;
-            }
-          }
-        }
-
-        // Backward, gW0^T += dZ^T X, an 8-row k step per row tile (k = t: row 2t, k = t + 4: row 2t + 1).
-#pragma unroll
-        for (int nt = 0; nt < NB; ++nt) {
-          std::uint32_t ah[MT][4], al[MT][4];
-#pragma unroll
-          for (int mt = 0; mt < MT; ++mt) {
-            split(z[mt][nt][0], ah[mt][0], al[mt][0]);  // unit g,     row 2t
-            split(z[mt][nt][2], ah[mt][1], al[mt][1]);  // unit g + 8, row 2t
-            split(z[mt][nt][1], ah[mt][2], al[mt][2]);  // unit g,     row 2t + 1
-            split(z[mt][nt][3], ah[mt][3], al[mt][3]);  // unit g + 8, row 2t + 1
-          }
-          std::uint32_t bh[FT][2], bl[FT][2];
-#pragma unroll
-          for (int ft = 0; ft < FT; ++ft) {
-            split(xs[(nt * 8 + 2 * tg) * LDX + ft * 8 + g], bh[ft][0], bl[ft][0]);
-            split(xs[(nt * 8 + 2 * tg + 1) * LDX + ft * 8 + g], bh[ft][1], bl[ft][1]);
-          }
-          mma3(gw, ah, al, bh, bl);
-        }
-      }
-
-      // The block's end. The b0 and W1 sums over t (lane bits 0..1: the thread's rows of the same unit), b1
-      // and the loss over the lanes (rows), by butterflies.
+  // A team's running state: its cursors, the parameters it keeps in registers, this thread's sums for the
+  // current block (b0 and W1 for its hidden units over its rows, b1 and the loss over the rows it is lane of;
+  // its gW0^T tiles wait in shared memory between batches, so the two batches' pre-activations and the
+  // pipelined forward fit in the registers) and the targets of the current and next batch (lane = row).
+  struct Step {
+    std::int64_t cb, ck, nb, nk, pb, pk;
+    int q;
+    float b0r[MT][2], w1r[MT][2][NOC], b1r[NOC];
+    float gb0[MT][2], gw1[MT][2][NOC], gl[NOC], lsum;
+    float yc[NOC], yn[NOC];
+    __device__ void clear() {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
         for (int hb = 0; hb < 2; ++hb) {
-          gb0[mt][hb] += __shfl_xor_sync(0xffffffffu, gb0[mt][hb], 1);
-          gb0[mt][hb] += __shfl_xor_sync(0xffffffffu, gb0[mt][hb], 2);
+          gb0[mt][hb] = 0.0f;
 #pragma unroll
-          for (int o = 0; o < NOC; ++o) {
-            gw1[mt][hb][o] += __shfl_xor_sync(0xffffffffu, gw1[mt][hb][o], 1);
-            gw1[mt][hb][o] += __shfl_xor_sync(0xffffffffu, gw1[mt][hb][o], 2);
-          }
+          for (int o = 0; o < NOC; ++o) gw1[mt][hb][o] = 0.0f;
         }
       }
 #pragma unroll
-      for (int o = 0; o <= NOC; ++o) {
-        float& v = o < NOC ? gl[o] : lsum;
+      for (int o = 0; o < NOC; ++o) gl[o] = 0.0f;
+      lsum = 0.0f;
+    }
+  };
+
+  // The targets of batch (b, k) for the row this lane stands for (0 past the rows).
+  __device__ void load_y(std::int64_t b, std::int64_t k, int lane, float (&v)[NOC]) const {
+    const std::int64_t row = b * block + k * RB + lane;
+    const bool ok = b < blocks && k * RB + lane < block_rows(b);
 #pragma unroll
-        for (int m = 16; m >= 1; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
-      }
-      // The block's sums: each warp writes its slice.
-      float* const out = partials + b * ld;
+    for (int o = 0; o < NOC; ++o) v[o] = ok && o < NO ? y[row * NO + o] : 0.0f;
+  }
+
+  // z = W0^T x + b0 for the batch in xs: small terms first in each k step.
+  __device__ static void forward(float (&z)[MT][NB][4], const float* xs, const float* w0f, const Step& s, int wh,
+                                 int lane, int g, int tg) {
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-        for (int ft = 0; ft < FT; ++ft) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int j = wh * 32 + mt * 16 + g + 8 * (e / 2), i = ft * 8 + 2 * tg + e % 2;
-            if (i < n_in && j < H) out[w0off + i * H + j] = gw[mt][ft][e];
-          }
-        }
-#pragma unroll
-        for (int hb = 0; hb < 2; ++hb) {
-          const int j = wh * 32 + mt * 16 + hb * 8 + g;
-          if (tg == 0 && j < H) {
-            out[b0off + j] = gb0[mt][hb];
-#pragma unroll
-            for (int o = 0; o < NOC; ++o) {
-              if (o < NO) out[w1off + j * NO + o] = gw1[mt][hb][o];
-            }
-          }
-        }
-      }
-      if (wh == 0 && lane == 0) {
-#pragma unroll
-        for (int o = 0; o < NOC; ++o) {
-          if (o < NO) out[b1off + o] = gl[o];
-        }
-        out[ld - 1] = lsum;
+      for (int nt = 0; nt < NB; ++nt) {
+        z[mt][nt][0] = z[mt][nt][1] = s.b0r[mt][0];
+        z[mt][nt][2] = z[mt][nt][3] = s.b0r[mt][1];
       }
     }
-    asm volatile("cp.async.wait_all;" ::: "memory");
+#pragma unroll
+    for (int kt = 0; kt < KT; ++kt) {
+      std::uint32_t whi[MT][4], wlo[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const uint4* const src = reinterpret_cast<const uint4*>(w0f) + ((wh * MT + mt) * KT + kt) * 64 + lane;
+        const uint4 h4 = src[0], l4 = src[32];
+        whi[mt][0] = h4.x, whi[mt][1] = h4.y, whi[mt][2] = h4.z, whi[mt][3] = h4.w;
+        wlo[mt][0] = l4.x, wlo[mt][1] = l4.y, wlo[mt][2] = l4.z, wlo[mt][3] = l4.w;
+      }
+      std::uint32_t bh[NB][2], bl[NB][2];
+#pragma unroll
+      for (int nt = 0; nt < NB; ++nt) {
+        split(xs[(nt * 8 + g) * LDX + kt * 8 + tg], bh[nt][0], bl[nt][0]);
+        split(xs[(nt * 8 + g) * LDX + kt * 8 + tg + 4], bh[nt][1], bl[nt][1]);
+      }
+      mma3(z, whi, wlo, bh, bl);
+    }
+  }
+
+  // A thread's 32 values to / from its slots in shared memory (p: [chunk][thread][4], this thread's first).
+  template <int M, int N>
+  __device__ static void park(float* p, const float (&v)[M][N][4]) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+#pragma unroll
+      for (int n = 0; n < N; ++n) {
+        *reinterpret_cast<float4*>(p + (m * N + n) * T * 4) = make_float4(v[m][n][0], v[m][n][1], v[m][n][2], v[m][n][3]);
+      }
+    }
+  }
+  template <int M, int N>
+  __device__ static void unpark(const float* p, float (&v)[M][N][4]) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+#pragma unroll
+      for (int n = 0; n < N; ++n) {
+        const float4 f = *reinterpret_cast<const float4*>(p + (m * N + n) * T * 4);
+        v[m][n][0] = f.x, v[m][n][1] = f.y, v[m][n][2] = f.z, v[m][n][3] = f.w;
+      }
+    }
+  }
+
+  // One batch, software-pipelined by one: while this batch's outputs are formed (SIMT), the next batch's
+  // forward MMAs (independent of them) run; then this batch's deltas and backward MMAs. This batch's
+  // pre-activations come from zp (the previous call's forward), the next batch's go there.
+  template <Activation A>
+  __device__ void batch(Step& s, float* xbuf, float* part, const float* w0f, float* gwp, float* zp,
+                        std::int64_t nteams, int team, int wh, int lane, int g, int tg, int tl) const {
+    const std::int64_t nrows = block_rows(s.cb);
+    const int n = nrows - s.ck * RB < RB ? static_cast<int>(nrows - s.ck * RB) : RB;
+    const std::int64_t r0 = s.cb * block + s.ck * RB;
+    const float* const xs = xbuf + (s.q % ST) * RB * LDX;
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    team_sync(team);  // the next batch is in; every warp of the team is done with the previous batch
+    issue(s.pb, s.pk, xbuf + ((s.q + 2) % ST) * RB * LDX, tl);
+    load_y(s.nb, s.nk, lane, s.yn);
+
+    float zc[MT][NB][4];
+    unpark(zp, zc);
+    // The next batch's forward (past the last batch it reads zeros and is discarded).
+    {
+      float zn[MT][NB][4];
+      forward(zn, xbuf + ((s.q + 1) % ST) * RB * LDX, w0f, s, wh, lane, g, tg);
+      park(zp, zn);
+    }
+
+    // Activations in place; the warp's output sums for rows nt*8 + 2*tg + bit, over its hidden units.
+    float p[NB][2][NOC];
+#pragma unroll
+    for (int nt = 0; nt < NB; ++nt) {
+#pragma unroll
+      for (int bit = 0; bit < 2; ++bit) {
+#pragma unroll
+        for (int o = 0; o < NOC; ++o) p[nt][bit][o] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < NB; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float h = activate(A, zc[mt][nt][e]);
+          zc[mt][nt][e] = h;
+#pragma unroll
+          for (int o = 0; o < NOC; ++o) p[nt][e % 2][o] += h * s.w1r[mt][e / 2][o];
+        }
+      }
+    }
+    // Over g (lane bits 2..4): a butterfly, so every lane of a row holds the same bits.
+#pragma unroll
+    for (int nt = 0; nt < NB; ++nt) {
+#pragma unroll
+      for (int bit = 0; bit < 2; ++bit) {
+#pragma unroll
+        for (int o = 0; o < NOC; ++o) {
+          float v = p[nt][bit][o];
+          v += __shfl_xor_sync(0xffffffffu, v, 4);
+          v += __shfl_xor_sync(0xffffffffu, v, 8);
+          v += __shfl_xor_sync(0xffffffffu, v, 16);
+          if (g == 0) part[(wh * RB + nt * 8 + 2 * tg + bit) * NOC + o] = v;
+        }
+      }
+    }
+    team_sync(team);
+
+    // Lane = row of the batch: the full output (the team's warps in order), residual and output delta.
+    float d[NOC];
+    {
+      const std::int64_t row = r0 + lane;
+      const bool learn = lane < n && window.contains(row);
+#pragma unroll
+      for (int o = 0; o < NOC; ++o) {
+        float out = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WH; ++w) out += part[(w * RB + lane) * NOC + o];
+        d[o] = 0.0f;
+        if (learn && o < NO) {
+          const float res = out + s.b1r[o] - s.yc[o];
+          d[o] = 2.0f * scale * res;
+          s.lsum += res * res;
+          s.gl[o] += d[o];
+        }
+      }
+    }
+    // Hidden deltas in place, and this thread's b0 and W1 sums.
+    float dr[NB][2][NOC];
+#pragma unroll
+    for (int nt = 0; nt < NB; ++nt) {
+#pragma unroll
+      for (int bit = 0; bit < 2; ++bit) {
+#pragma unroll
+        for (int o = 0; o < NOC; ++o) dr[nt][bit][o] = __shfl_sync(0xffffffffu, d[o], nt * 8 + 2 * tg + bit);
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < NB; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float h = zc[mt][nt][e];
+          float da = 0.0f;
+#pragma unroll
+          for (int o = 0; o < NOC; ++o) {
+            da += dr[nt][e % 2][o] * s.w1r[mt][e / 2][o];
+            s.gw1[mt][e / 2][o] += h * dr[nt][e % 2][o];
+          }
+          const float dz = da * activate_grad_from_output(A, h);
+          s.gb0[mt][e / 2] += dz;
+          zc[mt][nt][e] = dz;
+        }
+      }
+    }
+
+    // Backward, gW0^T += dZ^T X, an 8-row k step per row tile (k = t: row 2t, k = t + 4: row 2t + 1).
+    float gw[MT][FT][4];
+    unpark(gwp, gw);
+#pragma unroll
+    for (int nt = 0; nt < NB; ++nt) {
+      std::uint32_t ah[MT][4], al[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        split(zc[mt][nt][0], ah[mt][0], al[mt][0]);  // unit g,     row 2t
+        split(zc[mt][nt][2], ah[mt][1], al[mt][1]);  // unit g + 8, row 2t
+        split(zc[mt][nt][1], ah[mt][2], al[mt][2]);  // unit g,     row 2t + 1
+        split(zc[mt][nt][3], ah[mt][3], al[mt][3]);  // unit g + 8, row 2t + 1
+      }
+      std::uint32_t bh[FT][2], bl[FT][2];
+#pragma unroll
+      for (int ft = 0; ft < FT; ++ft) {
+        split(xs[(nt * 8 + 2 * tg) * LDX + ft * 8 + g], bh[ft][0], bl[ft][0]);
+        split(xs[(nt * 8 + 2 * tg + 1) * LDX + ft * 8 + g], bh[ft][1], bl[ft][1]);
+      }
+      mma3(gw, ah, al, bh, bl);
+    }
+    if ((s.ck + 1) * RB >= nrows) finish_block(s, gw, wh, lane, g, tg);
+    park(gwp, gw);
+    // On to the next batch.
+    s.cb = s.nb, s.ck = s.nk;
+    s.nb = s.pb, s.nk = s.pk;
+    advance(s.pb, s.pk, nteams);
+    ++s.q;
+#pragma unroll
+    for (int o = 0; o < NOC; ++o) s.yc[o] = s.yn[o];
+  }
+
+  // The block's end: the b0 and W1 sums over t (lane bits 0..1: the thread's rows of the same unit), b1 and
+  // the loss over the lanes (rows), by butterflies; each warp writes its slice of the block's sums, which are
+  // then cleared for the team's next block.
+  __device__ void finish_block(Step& s, float (&gw)[MT][FT][4], int wh, int lane, int g, int tg) const {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int hb = 0; hb < 2; ++hb) {
+        s.gb0[mt][hb] += __shfl_xor_sync(0xffffffffu, s.gb0[mt][hb], 1);
+        s.gb0[mt][hb] += __shfl_xor_sync(0xffffffffu, s.gb0[mt][hb], 2);
+#pragma unroll
+        for (int o = 0; o < NOC; ++o) {
+          s.gw1[mt][hb][o] += __shfl_xor_sync(0xffffffffu, s.gw1[mt][hb][o], 1);
+          s.gw1[mt][hb][o] += __shfl_xor_sync(0xffffffffu, s.gw1[mt][hb][o], 2);
+        }
+      }
+    }
+#pragma unroll
+    for (int o = 0; o <= NOC; ++o) {
+      float& v = o < NOC ? s.gl[o] : s.lsum;
+#pragma unroll
+      for (int m = 16; m >= 1; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
+    }
+    float* const out = partials + s.cb * ld;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int ft = 0; ft < FT; ++ft) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = wh * 32 + mt * 16 + g + 8 * (e / 2), i = ft * 8 + 2 * tg + e % 2;
+          if (i < n_in && j < H) out[w0off + i * H + j] = gw[mt][ft][e];
+          gw[mt][ft][e] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int hb = 0; hb < 2; ++hb) {
+        const int j = wh * 32 + mt * 16 + hb * 8 + g;
+        if (tg == 0 && j < H) {
+          out[b0off + j] = s.gb0[mt][hb];
+#pragma unroll
+          for (int o = 0; o < NOC; ++o) {
+            if (o < NO) out[w1off + j * NO + o] = s.gw1[mt][hb][o];
+          }
+        }
+      }
+    }
+    if (wh == 0 && lane == 0) {
+#pragma unroll
+      for (int o = 0; o < NOC; ++o) {
+        if (o < NO) out[b1off + o] = s.gl[o];
+      }
+      out[ld - 1] = s.lsum;
+    }
+    s.clear();
   }
 #endif  // __CUDACC__
 };
@@ -915,11 +1026,13 @@ inline void launch_tensor_mma(const Kokkos::Cuda& space, const TensorProblem& p)
     if (e != cudaSuccess) throw Error(std::string("dpmlp: tensor kernel setup: ") + cudaGetErrorString(e));
     return n > 0 ? n : 1;
   }();
-  // A persistent grid: as many CTAs as the SMs hold at once (fewer when there are fewer blocks than teams),
-  // each team looping over blocks.
-  const std::int64_t slots = std::int64_t(tensor_device().sms > 0 ? tensor_device().sms : 1) * resident;
-  const std::int64_t needed = (p.blocks + kernel_t::WR - 1) / kernel_t::WR;
-  const auto grid = static_cast<unsigned>(needed < slots ? needed : slots);
+  // A persistent grid: as many CTAs as the SMs hold at once, each team looping over blocks; with fewer blocks
+  // than teams, enough CTAs for the blocks, but at least one an SM while there are blocks for them (the
+  // team-major order then gives each SM a block before any SM a second).
+  const std::int64_t sms = tensor_device().sms > 0 ? tensor_device().sms : 1, slots = sms * resident;
+  std::int64_t grid64 = (p.blocks + kernel_t::WR - 1) / kernel_t::WR;
+  if (grid64 < sms) grid64 = p.blocks < sms ? p.blocks : sms;
+  const auto grid = static_cast<unsigned>(grid64 < slots ? grid64 : slots);
   fused_tensor_mma<HP, NOC><<<grid, kernel_t::T, k.scratch_bytes(), space.cuda_stream()>>>(k);
   const cudaError_t launched = cudaPeekAtLastError();
   if (launched != cudaSuccess) {
