@@ -5,6 +5,7 @@ a list of {rows, hidden, dpmlp_multi_ms, dpmlp_single_ms, jax_multi_ms, jax_sing
 ddp_single_ms} (medians of 100 steps), plus every dpmlp configuration measured, and prints a markdown table.
 dpmlp_*_ms is the fastest configuration whose check passed (its name is kept beside it).
 Usage: assemble_h200.py <session dir> <output json> [<chart png>]"""
+import datetime
 import json
 import statistics
 import sys
@@ -85,7 +86,15 @@ if chart:
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels(labels)
     ax.set_ylabel("speed relative to JAX (2 GPUs), higher is faster")
-    ax.set_title(f"100 SGD steps on 2x H200, {date[:16]}")
+    # `date -u` prints a 12-hour clock in some locales ("03:34:59 PM UTC"): title with the 24-hour time.
+    when = date[:16]
+    for fmt in ("%a %b %d %I:%M:%S %p UTC %Y", "%a %b %d %H:%M:%S UTC %Y"):
+        try:
+            when = datetime.datetime.strptime(" ".join(date.split()), fmt).strftime("%a %b %d %Y %H:%M UTC")
+            break
+        except ValueError:
+            pass
+    ax.set_title(f"100 SGD steps on 2x H200, {when}")
     ax.axhline(1.0, color="gray", linewidth=0.5)
     ax.legend()
     fig.tight_layout()
