@@ -229,8 +229,9 @@ class DataParallelTrainer {
     }
     agree(c, problem.empty() ? problem : "dpmlp::DataParallelTrainer: " + problem);
     global_rows_ = global_rows;
-    block_ = options.block_rows > 0 ? options.block_rows
-                                    : default_block_rows(global_rows, static_cast<std::int64_t>(model.num_params()) + 1);
+    block_ = options.block_rows > 0
+                 ? options.block_rows
+                 : default_block_rows(global_rows, detail::BlockEngine<ExecSpace, Scalar>::sums_per_block(model));
     plan_ = BlockTreePlan(global_rows, block_, comm_.rank(), comm_.size());
     gemm_ = options.gemm ? *options.gemm : linalg::default_backend<ExecSpace>(options.reduction == Reduction::reproducible);
     engine_ = detail::BlockEngine<ExecSpace, Scalar>(model_, plan_.shard().rows(), block_, gemm_, engine_kind,
@@ -587,11 +588,10 @@ Scalar value_and_grad(const ExecSpace& space, const Mlp<Scalar, typename ExecSpa
   const std::int64_t rows = x.extent(0);
   if (rows <= 0) throw InputError("dpmlp::value_and_grad: zero rows");
   if (grad.extent(0) != model.num_params()) throw InputError("dpmlp::value_and_grad: grad has the wrong size");
-  const std::int64_t block =
-      block_rows > 0 ? block_rows : default_block_rows(rows, static_cast<std::int64_t>(model.num_params()) + 1);
+  using engine_t = detail::BlockEngine<ExecSpace, Scalar>;
+  const std::int64_t block = block_rows > 0 ? block_rows : default_block_rows(rows, engine_t::sums_per_block(model));
   const BlockTreePlan plan(rows, block, 0, 1);
   const auto backend = linalg::default_backend<ExecSpace>(true);
-  using engine_t = detail::BlockEngine<ExecSpace, Scalar>;
   engine_t blocks(model, rows, block, backend, engine_t::resolve_engine(model, engine));
   BlockTreeReducer<ExecSpace, Scalar> reducer(plan, blocks.width(), Reduction::reproducible);
   const Scalar inv = Scalar(1.0 / (static_cast<double>(rows) * model.outputs()));

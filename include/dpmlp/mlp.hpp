@@ -175,6 +175,11 @@ class BlockEngine {
   using const_matrix = Kokkos::View<const Scalar**, Kokkos::LayoutRight, memory_space>;
 
   BlockEngine() = default;
+  // The sums a block produces for `model`: its parameters' gradients and the sum of squared residuals (the
+  // width of the partial sums; the default block size caps blocks x this).
+  static std::int64_t sums_per_block(const Mlp<Scalar, memory_space>& model) {
+    return static_cast<std::int64_t>(model.num_params()) + 1;
+  }
   // engine: Engine::fused, tensor or layered (resolve_engine turns automatic into one of them).
   // global_blocks: the blocks of a step over every rank (0: this engine's own, one rank); the tensor engine
   // picks its kernel from it, so every rank count runs the same kernel.
@@ -191,7 +196,7 @@ class BlockEngine {
       }
     }
 #endif
-    width_ = static_cast<std::int64_t>(model.num_params()) + 1;  // + the sum of squared residuals
+    width_ = sums_per_block(model);
     partials_ = matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::partials"), blocks_, width_);
     if (kind_ == Engine::fused) layout_ = fused_layout(model);  // its shape is fixed now
     // The fused kernels keep their activations in team scratch.
@@ -281,7 +286,7 @@ class BlockEngine {
   static fused_kernel<NI> make_fused_kernel(const Mlp<Scalar, memory_space>& model, const FusedLayout& lay) {
     using kernel_t = fused_kernel<NI>;
     kernel_t k{};
-    k.ld = static_cast<std::int64_t>(model.num_params()) + 1;
+    k.ld = sums_per_block(model);
     k.n_in = model.inputs();
     k.H = model.widths()[1];
     k.NO = model.outputs();
