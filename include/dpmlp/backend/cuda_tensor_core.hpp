@@ -477,11 +477,12 @@ inline constexpr int mma_stages = 3;       // x batches a team keeps in flight
 
 // Shared memory of the register-resident kernel, in bytes: per team, mma_stages x batches (32 x 36 floats:
 // rows padded by 4 make both fragment reads conflict-free) and the output exchange (WH x 32 x no); the split
-// W0^T fragments (hp x 32 x 2).
+// W0^T fragments (hp x 32 x 2); and, per thread of the 256, two parked arrays of 32 floats (the gW0^T
+// accumulators and the next batch's pre-activations, between their uses).
 inline std::size_t mma_scratch_bytes(int hp, int no) {
-  const std::size_t wh = hp / 32, teams = 8 / wh;
+  const std::size_t wh = hp / 32, teams = 8 / wh, parked = 2 * 256 * 32;
   return (teams * mma_stages * mma_batch_rows * 36 + teams * wh * mma_batch_rows * no + std::size_t(hp) * 32 * 2 +
-          2 * 256 * 32) *
+          parked) *
              sizeof(float) +
          128;
 }
@@ -501,6 +502,8 @@ struct TensorMmaKernel : TensorProblem {
 #endif
   static_assert(HP == 32 || HP == 64 || HP == 128 || HP == 256, "HP: 32, 64, 128 or 256");
   static_assert(NOC == 1 || NOC == 4, "NOC: 1 or 4");
+  static_assert(T == 256 && MT * FT * 4 == 32 && MT * NB * 4 == 32,
+                "mma_scratch_bytes parks two arrays of 32 floats for each of 256 threads");
 
   bool vec16 = false;  // x rows can be copied 16 bytes at a time
 
