@@ -175,3 +175,71 @@ TEST_CASE("both local reductions (in team scratch, in place) give the same bits"
     }
   }
 }
+
+namespace {
+// Stands in for the ranks' allgather on one process: `gathered` receives every simulated rank's staged
+// subtree sums, in rank order, as a communicator's allgather would.
+template <class Matrix>
+struct SimulatedGather {
+  std::vector<Matrix> staged;  // one (slots x width) per rank
+  template <class Space, class Send, class Gathered>
+  void allgather(const Space& space, const Send&, const Gathered& gathered) const {
+    std::size_t at = 0;
+    for (const auto& m : staged) {
+      const auto flat = Kokkos::View<typename Matrix::value_type*, typename Matrix::memory_space>(m.data(), m.span());
+      Kokkos::deep_copy(space, Kokkos::subview(gathered, std::make_pair(at, at + m.span())), flat);
+      at += m.span();
+    }
+  }
+  template <class... A>
+  void allreduce_sum(A&&...) const {}
+};
+}  // namespace
+
+TEST_CASE("the device combine finishes the tree as the simulation does, on every simulated rank", "[reduction]") {
+  using Space = Kokkos::DefaultExecutionSpace;
+  using Matrix = Kokkos::View<float**, Kokkos::LayoutRight, Space::memory_space>;
+  // 300 columns: more than one team of the combine; 2..5 ranks: programs of different lengths.
+  const std::int64_t rows = 5000, block = 7, width = 300;
+  const std::int64_t nb = (rows + block - 1) / block;
+  std::vector<std::vector<float>> cols(width, std::vector<float>(nb));
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> dist(-1e3f, 1e3f);
+  for (auto& c : cols) {
+    for (auto& v : c) v = dist(gen) * std::pow(2.0f, static_cast<float>(static_cast<int>(gen() % 20)) - 10.0f);
+  }
+  for (int size : {2, 3, 5}) {
+    std::vector<dpmlp::BlockTreeReducer<Space, float>> reducers;
+    SimulatedGather<Matrix> gather;
+    std::vector<Matrix> partials;
+    for (int r = 0; r < size; ++r) {
+      const dpmlp::BlockTreePlan plan(rows, block, r, size);
+      const std::int64_t first = plan.shard().first_block, local = plan.shard().local_blocks();
+      Matrix m("partials", local, width);
+      auto h = Kokkos::create_mirror_view(m);
+      for (std::int64_t b = 0; b < local; ++b) {
+        for (std::int64_t p = 0; p < width; ++p) h(b, p) = cols[p][first + b];
+      }
+      Kokkos::deep_copy(m, h);
+      partials.push_back(m);
+      reducers.emplace_back(plan, width, dpmlp::Reduction::reproducible);
+      Matrix copy = Matrix("staged", reducers.back().staged().extent(0), width);
+      reducers.back().reduce_local(Space(), m);
+      Kokkos::deep_copy(copy, reducers.back().staged());
+      gather.staged.push_back(copy);
+    }
+    for (int r = 0; r < size; ++r) {
+      // The reducer's own staging again (reduce() runs reduce_local first), then the gather and the combine.
+      Matrix m("partials_again", partials[r].extent(0), width);
+      Kokkos::deep_copy(m, partials[r]);
+      auto total = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), reducers[r].reduce(Space(), m, gather));
+      int mismatches = 0;
+      for (std::int64_t p = 0; p < width; ++p) {
+        const float expect = simulate(cols[p], rows, block, size);
+        if (std::memcmp(&expect, &total(p), sizeof(float)) != 0) ++mismatches;
+      }
+      INFO(size << " ranks, rank " << r);
+      CHECK(mismatches == 0);
+    }
+  }
+}

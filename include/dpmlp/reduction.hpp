@@ -214,6 +214,14 @@ class BlockTreeReducer {
       }
       scratch_rows_ = widest;
     }
+    // The combine's columns a team holds in scratch: every value of the program (gathered and temporary)
+    // for each, and the program itself (0: too many values; the combine then runs in global memory).
+    if (plan.size() > 1 && mode == Reduction::reproducible) {
+      const std::int64_t prog_bytes = static_cast<std::int64_t>(plan.program().size()) * 3 * sizeof(int);
+      for (int c = 256; c >= 32 && combine_cols_ == 0; c /= 2) {
+        if (prog_bytes + std::int64_t(c) * plan.values() * std::int64_t(sizeof(Scalar)) <= most) combine_cols_ = c;
+      }
+    }
     node_lo_ = Kokkos::View<std::int64_t*, memory_space>("dpmlp::tree_node_lo", nodes.size());
     node_level_ = Kokkos::View<int*, memory_space>("dpmlp::tree_node_level", nodes.size());
     auto hlo = Kokkos::create_mirror_view(node_lo_);
@@ -320,12 +328,26 @@ class BlockTreeReducer {
           const std::int64_t span = fast ? local_blocks : (std::int64_t(1) << level_v(i));
           const int n = static_cast<int>(lo + span < local_blocks ? span : local_blocks - lo);
           Scalar* sh = static_cast<Scalar*>(team.team_scratch(0).get_shmem(bytes));
-          // Logical threads (lane, c), cw_max of them a lane; a short team loops over them.
+          // Logical threads (lane, c), cw_max of them a lane; a short team loops over them. A thread's loads
+          // are issued `batch` at a time into registers before any store: a loop of load-then-store would
+          // wait out one memory latency per block (the compiler cannot tell the partials from the scratch),
+          // which made this kernel ~13 us at the seed size on an H200 instead of ~3.
           const int lanes = 256 / cw_max;
+          constexpr int batch = 16;
           for (int t = team.team_rank(); t < 256; t += team.team_size()) {
             const int c = t & (cw_max - 1), lane = t / cw_max;
             if (c >= cw) continue;
-            for (int b = lane; b < n; b += lanes) sh[b * cw_max + c] = P(lo + b, c0 + c);
+            for (int b0 = lane; b0 < n; b0 += batch * lanes) {
+              Scalar v[batch];
+              for (int j = 0; j < batch; ++j) {
+                const int b = b0 + j * lanes;
+                v[j] = b < n ? P(lo + b, c0 + c) : Scalar(0);
+              }
+              for (int j = 0; j < batch; ++j) {
+                const int b = b0 + j * lanes;
+                if (b < n) sh[b * cw_max + c] = v[j];
+              }
+            }
           }
           team.team_barrier();
           for (int stride = 1; stride < n; stride *= 2) {
@@ -389,6 +411,63 @@ class BlockTreeReducer {
   template <class F>
   void combine_apply(const ExecSpace& space, const F& f) const {
     if (std::is_same<F, NoApply>::value && !uses_tree()) return;
+    if (uses_tree() && combine_cols_ > 0) return combine_apply_in_scratch(space, f);
+    combine_apply_in_place(space, f);
+  }
+
+  // The same, a team a chunk of columns: the program and the chunk's gathered values are staged in team
+  // scratch (every load in flight at once), and the program's chain of dependent additions runs there. In
+  // global memory each of its steps waited out a load of the step and of its operands (at the seed size
+  // on two H200s, ~7 us a step). The same additions in the same order: the same bits.
+  template <class F>
+  void combine_apply_in_scratch(const ExecSpace& space, const F& f) const {
+    using policy = Kokkos::TeamPolicy<ExecSpace>;
+    using member = typename policy::member_type;
+    const auto V = values_;
+    const auto prog = program_;
+    const int steps = static_cast<int>(program_.extent(0));
+    const int gathered = plan_.size() * static_cast<int>(send_.extent(0));
+    const int root = plan_.root();
+    const int cols = combine_cols_;
+    const std::int64_t W = width_;
+    const std::size_t bytes = std::size_t(steps) * 3 * sizeof(int) + std::size_t(cols) * plan_.values() * sizeof(Scalar);
+    auto pol = policy(space, static_cast<int>((W + cols - 1) / cols), is_host_space<ExecSpace>() ? 1 : cols);
+    pol.set_scratch_size(0, Kokkos::PerTeam(bytes));
+    Kokkos::parallel_for(
+        "dpmlp::tree_combine", pol, KOKKOS_LAMBDA(const member& team) {
+          char* const raw = static_cast<char*>(team.team_scratch(0).get_shmem(bytes));
+          int* const ops = reinterpret_cast<int*>(raw);
+          Scalar* const sh = reinterpret_cast<Scalar*>(raw + std::size_t(steps) * 3 * sizeof(int));
+          for (int i = team.team_rank(); i < steps * 3; i += team.team_size()) ops[i] = prog(i / 3, i % 3);
+          const std::int64_t p0 = std::int64_t(team.league_rank()) * cols;
+          // Column p0 + t's values are sh[v * cols + t]; each thread's columns are its own (no barrier for them).
+          for (int t = team.team_rank(); t < cols; t += team.team_size()) {
+            if (p0 + t >= W) continue;
+            constexpr int batch = 8;
+            for (int v0 = 0; v0 < gathered; v0 += batch) {
+              Scalar x[batch];
+              for (int j = 0; j < batch; ++j) x[j] = v0 + j < gathered ? V(v0 + j, p0 + t) : Scalar(0);
+              for (int j = 0; j < batch; ++j) {
+                if (v0 + j < gathered) sh[(v0 + j) * cols + t] = x[j];
+              }
+            }
+          }
+          team.team_barrier();  // the program is in
+          for (int t = team.team_rank(); t < cols; t += team.team_size()) {
+            const std::int64_t p = p0 + t;
+            if (p >= W) continue;
+            for (int s = 0; s < steps; ++s) {
+              sh[ops[3 * s] * cols + t] = sh[ops[3 * s + 1] * cols + t] + sh[ops[3 * s + 2] * cols + t];
+            }
+            const Scalar total = sh[root * cols + t];
+            V(root, p) = total;  // reduce() returns the root's row
+            f(p, total);
+          }
+        });
+  }
+
+  template <class F>
+  void combine_apply_in_place(const ExecSpace& space, const F& f) const {
     const auto V = values_;
     const auto prog = program_;
     const auto send = send_;
@@ -408,6 +487,7 @@ class BlockTreeReducer {
   std::int64_t width_ = 0;
   Reduction mode_ = Reduction::reproducible;
   int scratch_cols_ = 0;          // columns a team of reduce_local_in_scratch holds (0: in place)
+  int combine_cols_ = 0;          // columns a team of combine_apply_in_scratch holds (0: in global memory)
   std::int64_t scratch_rows_ = 0;  // the widest subtree, in blocks
   matrix send_, values_;
   vector gathered_;
