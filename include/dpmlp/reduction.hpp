@@ -260,6 +260,11 @@ class BlockTreeReducer {
   // launch fewer a step: the trainer applies its optimizer update here). f is a device functor.
   template <class Comm, class F>
   void reduce_apply(const ExecSpace& space, const matrix& partials, const Comm& comm, const F& f) const {
+    if (plan_.size() == 1 && scratch_cols_ > 0 && local_subtrees() == 1) {
+      // One rank, one tree: its root is the total, and f runs where the tree ends (one launch fewer).
+      reduce_local_in_scratch(space, partials, f);
+      return;
+    }
     reduce_local(space, partials);
     if (uses_tree()) {
       comm.allgather(space, vector(send_.data(), send_.span()), gathered_);
@@ -297,7 +302,9 @@ class BlockTreeReducer {
   // scratch with every load in flight at once, sums them level by level there (the same pairs, in the same
   // order, as reduce_local_in_place: the same bits), and writes the sum to its slot. On a GPU the levels'
   // barriers then wait on shared memory instead of on global memory.
-  void reduce_local_in_scratch(const ExecSpace& space, const matrix& partials) const {
+  // With f (one rank, one subtree: reduce_apply), f(p, total_p) for every column as the sums are written.
+  template <class F = NoApply>
+  void reduce_local_in_scratch(const ExecSpace& space, const matrix& partials, const F& f = F()) const {
     if (scratch_cols_ == 0) return reduce_local_in_place(space, partials);  // wider than a team's scratch
     using policy = Kokkos::TeamPolicy<ExecSpace>;
     using member = typename policy::member_type;
@@ -360,7 +367,10 @@ class BlockTreeReducer {
             }
             team.team_barrier();
           }
-          for (int c = team.team_rank(); c < cw; c += team.team_size()) send(i, c0 + c) = sh[c];
+          for (int c = team.team_rank(); c < cw; c += team.team_size()) {
+            send(i, c0 + c) = sh[c];
+            f(c0 + c, sh[c]);
+          }
         });
   }
 
