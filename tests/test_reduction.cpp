@@ -23,17 +23,18 @@ float tree_sum(const std::vector<float>& v, std::int64_t lo, int level, std::int
 
 // What the ranks compute, simulated: each rank's local subtree sums (as BlockTreeReducer::reduce_local
 // does, in place), gathered in rank order, then the combine program.
-float simulate(const std::vector<float>& blocks, std::int64_t rows, std::int64_t block_rows, int size) {
-  std::vector<float> values;
+template <class T>
+T simulate(const std::vector<T>& blocks, std::int64_t rows, std::int64_t block_rows, int size) {
+  std::vector<T> values;
   int slots = 0;
   std::vector<dpmlp::BlockTreePlan> plans;
   for (int r = 0; r < size; ++r) plans.emplace_back(rows, block_rows, r, size);
   slots = plans[0].slots();
-  values.assign(plans[0].values(), 0.0f);
+  values.assign(plans[0].values(), T(0));
   for (int r = 0; r < size; ++r) {
     const auto& plan = plans[r];
     REQUIRE(plan.slots() == slots);
-    std::vector<float> local(blocks.begin() + plan.shard().first_block, blocks.begin() + plan.shard().end_block);
+    std::vector<T> local(blocks.begin() + plan.shard().first_block, blocks.begin() + plan.shard().end_block);
     const std::int64_t nl = static_cast<std::int64_t>(local.size());
     int i = 0;
     for (const auto& node : plan.local_nodes()) {
@@ -196,9 +197,11 @@ struct SimulatedGather {
 };
 }  // namespace
 
-TEST_CASE("the device combine finishes the tree as the simulation does, on every simulated rank", "[reduction]") {
+// Scalar: float (the trainer) and double (the Standardizer's sums; its scratch layout must align doubles).
+TEMPLATE_TEST_CASE("the device combine finishes the tree as the simulation does, on every simulated rank",
+                   "[reduction]", float, double) {
   using Space = Kokkos::DefaultExecutionSpace;
-  using Matrix = Kokkos::View<float**, Kokkos::LayoutRight, Space::memory_space>;
+  using Matrix = Kokkos::View<TestType**, Kokkos::LayoutRight, Space::memory_space>;
   // 300 columns: more than one team of the combine; 2..5 ranks: programs of different lengths.
   const std::int64_t rows = 5000, block = 7, width = 300;
   const std::int64_t nb = (rows + block - 1) / block;
@@ -209,7 +212,7 @@ TEST_CASE("the device combine finishes the tree as the simulation does, on every
     for (auto& v : c) v = dist(gen) * std::pow(2.0f, static_cast<float>(static_cast<int>(gen() % 20)) - 10.0f);
   }
   for (int size : {2, 3, 5}) {
-    std::vector<dpmlp::BlockTreeReducer<Space, float>> reducers;
+    std::vector<dpmlp::BlockTreeReducer<Space, TestType>> reducers;
     SimulatedGather<Matrix> gather;
     std::vector<Matrix> partials;
     for (int r = 0; r < size; ++r) {
@@ -235,8 +238,8 @@ TEST_CASE("the device combine finishes the tree as the simulation does, on every
       auto total = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), reducers[r].reduce(Space(), m, gather));
       int mismatches = 0;
       for (std::int64_t p = 0; p < width; ++p) {
-        const float expect = simulate(cols[p], rows, block, size);
-        if (std::memcmp(&expect, &total(p), sizeof(float)) != 0) ++mismatches;
+        const TestType expect = simulate(std::vector<TestType>(cols[p].begin(), cols[p].end()), rows, block, size);
+        if (std::memcmp(&expect, &total(p), sizeof(TestType)) != 0) ++mismatches;
       }
       INFO(size << " ranks, rank " << r);
       CHECK(mismatches == 0);

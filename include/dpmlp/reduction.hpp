@@ -440,14 +440,16 @@ class BlockTreeReducer {
     const int root = plan_.root();
     const int cols = combine_cols_;
     const std::int64_t W = width_;
-    const std::size_t bytes = std::size_t(steps) * 3 * sizeof(int) + std::size_t(cols) * plan_.values() * sizeof(Scalar);
+    const int values = plan_.values();
+    const std::size_t bytes = std::size_t(cols) * values * sizeof(Scalar) + std::size_t(steps) * 3 * sizeof(int);
     auto pol = policy(space, static_cast<int>((W + cols - 1) / cols), is_host_space<ExecSpace>() ? 1 : cols);
     pol.set_scratch_size(0, Kokkos::PerTeam(bytes));
     Kokkos::parallel_for(
         "dpmlp::tree_combine", pol, KOKKOS_LAMBDA(const member& team) {
+          // The values first: an odd step count would misalign a double placed after the ints.
           char* const raw = static_cast<char*>(team.team_scratch(0).get_shmem(bytes));
-          int* const ops = reinterpret_cast<int*>(raw);
-          Scalar* const sh = reinterpret_cast<Scalar*>(raw + std::size_t(steps) * 3 * sizeof(int));
+          Scalar* const sh = reinterpret_cast<Scalar*>(raw);
+          int* const ops = reinterpret_cast<int*>(raw + std::size_t(cols) * values * sizeof(Scalar));
           for (int i = team.team_rank(); i < steps * 3; i += team.team_size()) ops[i] = prog(i / 3, i % 3);
           const std::int64_t p0 = std::int64_t(team.league_rank()) * cols;
           // Column p0 + t's values are sh[v * cols + t]; each thread's columns are its own (no barrier for them).

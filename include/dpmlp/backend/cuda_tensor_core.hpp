@@ -107,6 +107,16 @@ struct TensorProblem {
   TensorKernel kernel = TensorKernel::none;  // none: tensor_kernel_for(n_in, H, NO, blocks)
 };
 
+#if defined(__CUDACC__)
+// The dynamic shared memory `smem` moved up to a 128-byte boundary, by pointer arithmetic on smem itself: a
+// pointer aligned through an integer (uintptr_t) loses the compiler's knowledge that it points to shared
+// memory, and every access through it becomes a generic LD / ST instead of LDS / STS (found in the SASS).
+__device__ inline float* align_shared_128(char* smem) {
+  const unsigned misalign = static_cast<unsigned>(__cvta_generic_to_shared(smem)) & 127u;
+  return reinterpret_cast<float*>(smem + ((128u - misalign) & 127u));
+}
+#endif
+
 // NI: padded inputs (32 or 64); HP: padded hidden units (32, 64, 128 or 256). The problem is its base, so
 // the kernel's fields are the problem's.
 template <int NI, int HP>
@@ -182,7 +192,7 @@ struct FusedTensorCoreKernel : TensorProblem {
     const std::int64_t r_end = r_begin + block < rows ? r_begin + block : rows;
 
     // scratch_bytes() includes 128 bytes of slack for this alignment (the fragment loads need 32).
-    float* const w0s = reinterpret_cast<float*>((reinterpret_cast<std::uintptr_t>(smem) + 127) & ~std::uintptr_t(127));
+    float* const w0s = align_shared_128(smem);
     float* const b0s = w0s + NI * LDW;
     float* const w1s = b0s + HP;
     float* const xs = w1s + HP * NO;
@@ -614,10 +624,7 @@ struct TensorMmaKernel : TensorProblem {
     // Team-major: a step with fewer blocks than teams spreads them over the CTAs (one SM each) first.
     const std::int64_t nteams = std::int64_t(gridDim.x) * WR, first = std::int64_t(team) * gridDim.x + blockIdx.x;
 
-    // Aligned by pointer arithmetic on smem itself (not through an integer), so the compiler still knows
-    // every pointer below is shared memory and emits LDS / STS, not generic loads and stores.
-    const unsigned misalign = static_cast<unsigned>(__cvta_generic_to_shared(smem)) & 127u;
-    float* const base = reinterpret_cast<float*>(smem + ((128u - misalign) & 127u));
+    float* const base = align_shared_128(smem);
     float* const xbuf = base + team * ST * RB * LDX;
     float* const part = base + WR * ST * RB * LDX + team * WH * RB * NOC;  // [wh][row][o]
     // W0^T fragments: [wh][mt][kt][hi, lo][lane][4], so a lane reads its four with one 16-byte load.
