@@ -337,8 +337,9 @@ class BlockTreeReducer {
           Scalar* sh = static_cast<Scalar*>(team.team_scratch(0).get_shmem(bytes));
           // Logical threads (lane, c), cw_max of them a lane; a short team loops over them. A thread's loads
           // are issued `batch` at a time into registers before any store: a loop of load-then-store would
-          // wait out one memory latency per block (the compiler cannot tell the partials from the scratch),
-          // which made this kernel ~13 us at the seed size on an H200 instead of ~3.
+          // wait out one memory latency per block (the compiler cannot tell the partials from the scratch).
+          // At the seed size on two H200s: 7.7 -> 6.7 us a call (old and new builds in one call; ~5 us of
+          // either is the Kokkos launch; docs/benchmarks.md).
           const int lanes = 256 / cw_max;
           constexpr int batch = 16;
           for (int t = team.team_rank(); t < 256; t += team.team_size()) {
@@ -427,8 +428,10 @@ class BlockTreeReducer {
 
   // The same, a team a chunk of columns: the program and the chunk's gathered values are staged in team
   // scratch (every load in flight at once), and the program's chain of dependent additions runs there. In
-  // global memory each of its steps waited out a load of the step and of its operands (at the seed size
-  // on two H200s, ~7 us a step). The same additions in the same order: the same bits.
+  // global memory each of its steps waits out a load of the step and of its operands. (Measured at the
+  // seed size on two H200s, old and new builds in one call: no difference a call, 6.4 against 6.5 us, both
+  // bound by the ~5 us Kokkos launch; the kernel's own GPU time was not measured apart.) The same
+  // additions in the same order: the same bits.
   template <class F>
   void combine_apply_in_scratch(const ExecSpace& space, const F& f) const {
     using policy = Kokkos::TeamPolicy<ExecSpace>;
