@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "../examples/cli.hpp"
 #include "../examples/seed_problem.hpp"
 
 namespace {
@@ -41,32 +42,30 @@ struct Options {
 
 Options parse(int argc, char* argv[]) {
   Options o;
+  const cli::Args args(argc, argv);
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw dpmlp::InputError(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--rows") o.rows = std::stoll(next());
-    else if (a == "--hidden") o.hidden = std::stoi(next());
-    else if (a == "--cols") o.cols = std::stoi(next());
-    else if (a == "--steps") o.steps = std::stoi(next());
-    else if (a == "--repeats") o.repeats = std::stoi(next());
-    else if (a == "--warmup") o.warmup = std::stoi(next());
-    else if (a == "--rate") o.rate = std::stod(next());
-    else if (a == "--block-rows") o.block_rows = std::stoll(next());
-    else if (a == "--comm") o.comm = next();
-    else if (a == "--reduction") o.reduction = next();
-    else if (a == "--engine") o.engine = dpmlp::engine_from_name(next());
+    if (a == "--rows") o.rows = args.integer(i);
+    else if (a == "--hidden") o.hidden = args.int_value(i);
+    else if (a == "--cols") o.cols = args.int_value(i);
+    else if (a == "--steps") o.steps = args.int_value(i);
+    else if (a == "--repeats") o.repeats = args.int_value(i);
+    else if (a == "--warmup") o.warmup = args.int_value(i);
+    else if (a == "--rate") o.rate = args.real(i);
+    else if (a == "--block-rows") o.block_rows = args.integer(i);
+    else if (a == "--comm") o.comm = args.value(i);
+    else if (a == "--reduction") o.reduction = args.value(i);
+    else if (a == "--engine") o.engine = dpmlp::engine_from_name(args.value(i));
     else if (a == "--no-check") o.check = false;
     else if (a == "--breakdown") o.breakdown = true;
     else if (a == "--graph") o.graph = true;
     else if (a == "--allow-cpu-devices") o.allow_cpu = true;
     else throw dpmlp::InputError("unknown option '" + a + "'");
   }
-  if (o.rows <= 0 || o.hidden <= 0 || o.steps <= 0 || o.repeats <= 0 || o.warmup < 0) {
-    throw dpmlp::InputError("--rows, --hidden, --steps and --repeats must be positive");
+  if (o.rows <= 0 || o.cols <= 0 || o.hidden <= 0 || o.steps <= 0 || o.repeats <= 0) {
+    throw dpmlp::InputError("--rows, --cols, --hidden, --steps and --repeats must be positive");
   }
+  if (o.warmup < 0) throw dpmlp::InputError("--warmup must not be negative");
   if (o.reduction != "reproducible" && o.reduction != "fast") throw dpmlp::InputError("--reduction: reproducible|fast");
   return o;
 }

@@ -16,6 +16,7 @@
 // Exit codes: 0 PASS, 1 FAIL, 2 bad input or a runtime error, 77 fewer than 2 physical accelerators (skip).
 #include <dpmlp/dpmlp.hpp>
 
+#include "cli.hpp"
 #include "seed_problem.hpp"
 
 #include <algorithm>
@@ -45,36 +46,22 @@ struct Options {
 
 Options parse(int argc, char* argv[]) {
   Options o;
-  auto value = [&](int& i) -> std::string {
-    if (i + 1 >= argc) throw dpmlp::InputError(std::string("option ") + argv[i] + " needs a value");
-    return argv[++i];
-  };
-  auto integer = [&](int& i) -> long long {
-    const std::string flag = argv[i], text = value(i);
-    char* end = nullptr;
-    const long long v = std::strtoll(text.c_str(), &end, 10);
-    if (end == text.c_str() || *end != '\0') throw dpmlp::InputError(flag + ": not an integer: '" + text + "'");
-    return v;
-  };
+  const cli::Args args(argc, argv);
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--allow-cpu-devices") o.allow_cpu = true;
     else if (a == "--allow-single-cpu-device") o.allow_single = true;
     else if (a == "--graph") o.graph = true;
-    else if (a == "--rows") o.rows = integer(i);
-    else if (a == "--cols") o.cols = static_cast<int>(integer(i));
-    else if (a == "--hidden") o.hidden = static_cast<int>(integer(i));
-    else if (a == "--steps") o.steps = static_cast<int>(integer(i));
-    else if (a == "--warmup") o.warmup = static_cast<int>(integer(i));
-    else if (a == "--block-rows") o.block_rows = integer(i);
-    else if (a == "--rate") {
-      const std::string text = value(i);
-      char* end = nullptr;
-      o.rate = std::strtod(text.c_str(), &end);
-      if (end == text.c_str() || *end != '\0') throw dpmlp::InputError("--rate: not a number: '" + text + "'");
-    } else if (a == "--comm") o.comm = value(i);
-    else if (a == "--reduction") o.reduction = value(i);
-    else if (a == "--engine") o.engine = dpmlp::engine_from_name(value(i));
+    else if (a == "--rows") o.rows = args.integer(i);
+    else if (a == "--cols") o.cols = args.int_value(i);
+    else if (a == "--hidden") o.hidden = args.int_value(i);
+    else if (a == "--steps") o.steps = args.int_value(i);
+    else if (a == "--warmup") o.warmup = args.int_value(i);
+    else if (a == "--block-rows") o.block_rows = args.integer(i);
+    else if (a == "--rate") o.rate = args.real(i);
+    else if (a == "--comm") o.comm = args.value(i);
+    else if (a == "--reduction") o.reduction = args.value(i);
+    else if (a == "--engine") o.engine = dpmlp::engine_from_name(args.value(i));
     else throw dpmlp::InputError("unknown option '" + a + "' (see the comment at the top of multi_gpu_train.cpp)");
   }
   if (o.rows <= 0) throw dpmlp::InputError("--rows must be positive");

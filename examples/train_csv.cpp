@@ -42,11 +42,12 @@
 #include <dpmlp/csv.hpp>
 #include <dpmlp/dpmlp.hpp>
 
+#include "cli.hpp"
+
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cerrno>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -75,46 +76,26 @@ struct Options {
 
 Options parse(int argc, char* argv[]) {
   Options o;
-  auto value = [&](int& i) -> std::string {
-    if (i + 1 >= argc) throw dpmlp::InputError(std::string("option ") + argv[i] + " needs a value");
-    return argv[++i];
-  };
-  auto integer = [&](int& i) -> long long {
-    const std::string flag = argv[i], text = value(i);
-    char* end = nullptr;
-    errno = 0;
-    const long long v = std::strtoll(text.c_str(), &end, 10);
-    if (end == text.c_str() || *end != '\0' || errno == ERANGE) {
-      throw dpmlp::InputError(flag + ": not an integer: '" + text + "'");
-    }
-    return v;
-  };
-  auto real = [&](int& i) -> double {
-    const std::string flag = argv[i], text = value(i);
-    char* end = nullptr;
-    const double v = std::strtod(text.c_str(), &end);
-    if (end == text.c_str() || *end != '\0') throw dpmlp::InputError(flag + ": not a number: '" + text + "'");
-    return v;
-  };
+  const cli::Args args(argc, argv);
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--allow-cpu-devices") o.allow_cpu = true;
-    else if (a == "--target") o.target = value(i);
-    else if (a == "--hidden") o.hidden = static_cast<int>(std::clamp<long long>(integer(i), -1, INT_MAX));
-    else if (a == "--steps") o.steps = static_cast<int>(std::clamp<long long>(integer(i), -1, INT_MAX));
-    else if (a == "--batch") o.batch = integer(i);
-    else if (a == "--epochs") o.epochs = static_cast<int>(std::clamp<long long>(integer(i), -1, INT_MAX));
-    else if (a == "--rate") o.rate = real(i);
-    else if (a == "--momentum") o.momentum = real(i);
-    else if (a == "--optimizer") o.optimizer = value(i);
-    else if (a == "--test-fraction") o.test_fraction = real(i);
+    else if (a == "--target") o.target = args.value(i);
+    else if (a == "--hidden") o.hidden = args.int_value(i);
+    else if (a == "--steps") o.steps = args.int_value(i);
+    else if (a == "--batch") o.batch = args.integer(i);
+    else if (a == "--epochs") o.epochs = args.int_value(i);
+    else if (a == "--rate") o.rate = args.real(i);
+    else if (a == "--momentum") o.momentum = args.real(i);
+    else if (a == "--optimizer") o.optimizer = args.value(i);
+    else if (a == "--test-fraction") o.test_fraction = args.real(i);
     else if (a == "--seed") {
-      const long long s = integer(i);
+      const long long s = args.integer(i);
       if (s < 0) throw dpmlp::InputError("--seed must not be negative");
       o.seed = static_cast<unsigned long long>(s);
-    } else if (a == "--checkpoint") o.checkpoint = value(i);
-    else if (a == "--write-split") o.write_split = value(i);
-    else if (a == "--progress") o.progress = value(i);
+    } else if (a == "--checkpoint") o.checkpoint = args.value(i);
+    else if (a == "--write-split") o.write_split = args.value(i);
+    else if (a == "--progress") o.progress = args.value(i);
     else if (a.size() > 1 && a[0] == '-') {
       throw dpmlp::InputError("unknown option '" + a + "' (see the comment at the top of train_csv.cpp)");
     } else if (o.data.empty()) {
