@@ -35,9 +35,9 @@ class Args {
   // An int option; a value past int's range is refused (a cast would wrap it, to a value that may pass the
   // program's own checks: --steps 4294967297 would run one step).
   int int_value(int& i) const {
-    const std::string flag = argv_[i], text = i + 1 < argc_ ? argv_[i + 1] : "";
-    const long long v = integer(i);
-    if (v < INT_MIN || v > INT_MAX) throw dpmlp::InputError(flag + ": out of range: '" + text + "'");
+    const std::string flag = argv_[i];
+    const long long v = integer(i);  // i is now at the value
+    if (v < INT_MIN || v > INT_MAX) throw dpmlp::InputError(flag + ": out of range: '" + argv_[i] + "'");
     return static_cast<int>(v);
   }
   double real(int& i) const {

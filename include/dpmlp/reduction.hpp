@@ -217,9 +217,8 @@ class BlockTreeReducer {
     // The combine's columns a team holds in scratch: every value of the program (gathered and temporary)
     // for each, and the program itself (0: too many values; the combine then runs in global memory).
     if (plan.size() > 1 && mode == Reduction::reproducible) {
-      const std::int64_t prog_bytes = static_cast<std::int64_t>(plan.program().size()) * 3 * sizeof(int);
       for (int c = 256; c >= 32 && combine_cols_ == 0; c /= 2) {
-        if (prog_bytes + std::int64_t(c) * plan.values() * std::int64_t(sizeof(Scalar)) <= most) combine_cols_ = c;
+        if (static_cast<std::int64_t>(combine_scratch_bytes(c)) <= most) combine_cols_ = c;
       }
     }
     node_lo_ = Kokkos::View<std::int64_t*, memory_space>("dpmlp::tree_node_lo", nodes.size());
@@ -444,7 +443,7 @@ class BlockTreeReducer {
     const int cols = combine_cols_;
     const std::int64_t W = width_;
     const int values = plan_.values();
-    const std::size_t bytes = std::size_t(cols) * values * sizeof(Scalar) + std::size_t(steps) * 3 * sizeof(int);
+    const std::size_t bytes = combine_scratch_bytes(cols);
     auto pol = policy(space, static_cast<int>((W + cols - 1) / cols), is_host_space<ExecSpace>() ? 1 : cols);
     pol.set_scratch_size(0, Kokkos::PerTeam(bytes));
     Kokkos::parallel_for(
@@ -479,6 +478,12 @@ class BlockTreeReducer {
             f(p, total);
           }
         });
+  }
+
+  // combine_apply_in_scratch's team scratch for `cols` columns: every value of the program for each (first,
+  // so doubles stay aligned), then the program's steps (three ints each).
+  std::size_t combine_scratch_bytes(int cols) const {
+    return std::size_t(cols) * plan_.values() * sizeof(Scalar) + plan_.program().size() * 3 * sizeof(int);
   }
 
   template <class F>
