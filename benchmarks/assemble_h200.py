@@ -24,7 +24,8 @@ def config(r):
     engine = engine if engine in ("fused", "tensor") else f"layered-{r['gemm']}"
     if r.get("tensor_kernel"):  # a tensor kernel forced by DPMLP_TENSOR_KERNEL
         engine += "-" + r["tensor_kernel"]
-    return f"{r['comm']}/{r['reduction']}/{engine}" + ("/graph" if r.get("graph") else "")
+    return (f"{r['comm']}/{r['reduction']}/{engine}" + ("/peer" if r.get("peer") else "")
+            + ("/graph" if r.get("graph") else ""))
 
 
 rows_out = []

@@ -20,6 +20,13 @@ bench() {  # bench <ranks> <limit s> <args...>
 }
 date -u | tee "$OUT/date.txt"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpus.txt"
+# The peer exchange (TrainerOptions::peer_exchange) on 2 GPUs: the subtree sums written into the other GPU's
+# memory instead of NCCL's allgather (one rank: nothing to exchange).
+bench 2 120 --rows 20000 --hidden 32 --peer
+bench 2 120 --rows 20000 --hidden 32 --peer --graph
+bench 2 120 --rows 1048576 --hidden 32 --peer --graph
+bench 2 150 --rows 1048576 --hidden 256 --peer --graph --repeats 3
+bench 2 200 --rows 4194304 --hidden 256 --peer --graph --repeats 3
 for np in 2 1; do
   bench $np 120 --rows 20000 --hidden 32 --graph
   bench $np 120 --rows 20000 --hidden 32

@@ -4,12 +4,16 @@
 //   mpirun -np <ranks> train_bench [--rows N] [--hidden H] [--steps S] [--repeats R] [--warmup S]
 //                                  [--comm nccl|mpi] [--reduction reproducible|fast] [--block-rows B]
 //                                  [--engine automatic|fused|tensor|layered] [--no-check] [--graph]
-//                                  [--allow-cpu-devices] [--breakdown]
+//                                  [--allow-cpu-devices] [--breakdown] [--peer]
+//
+// --peer: TrainerOptions::peer_exchange (2 or more ranks on CUDA: the subtree sums written straight into the
+// other GPUs' memory, one kernel with the tree, the combine and the update; backend/cuda_peer.hpp).
 //
 // --breakdown: instead, where a step's time goes on this rank count, one JSON line: microseconds per call
 // of the block engine, the local tree reduction, the whole reduction (local + collective + combine), the
-// combine kernel, a training step (plain and, where supported, replayed as a CUDA graph), and an empty
-// kernel launch; each the mean of back-to-back calls on the stream, fenced once at the end.
+// combine kernel, with --peer the peer exchange's kernel, a training step (plain and, where supported,
+// replayed as a CUDA graph), and an empty kernel launch; each the mean of back-to-back calls on the stream,
+// fenced once at the end.
 //
 // Prints one JSON line (rank 0): the configuration, every repeat's time for `steps` steps (a fresh trainer
 // each repeat, the same initial parameters; after a warm-up run), their median, and the check: the loss
@@ -37,7 +41,7 @@ struct Options {
   std::string comm = dpmlp::default_communicator_t<ExecSpace>::name();
   std::string reduction = "reproducible";
   dpmlp::Engine engine = dpmlp::Engine::automatic;
-  bool check = true, allow_cpu = false, graph = false, breakdown = false;
+  bool check = true, allow_cpu = false, graph = false, breakdown = false, peer = false;
 };
 
 Options parse(int argc, char* argv[]) {
@@ -59,6 +63,7 @@ Options parse(int argc, char* argv[]) {
     else if (a == "--no-check") o.check = false;
     else if (a == "--breakdown") o.breakdown = true;
     else if (a == "--graph") o.graph = true;
+    else if (a == "--peer") o.peer = true;
     else if (a == "--allow-cpu-devices") o.allow_cpu = true;
     else throw dpmlp::InputError("unknown option '" + a + "'");
   }
@@ -84,6 +89,7 @@ dpmlp::TrainerOptions trainer_options(const Options& o) {
   topt.block_rows = o.block_rows;
   topt.cuda_graph = o.graph;
   topt.engine = o.engine;
+  topt.peer_exchange = o.peer;
   return topt;
 }
 
@@ -157,12 +163,12 @@ int bench(const Options& o) {
   if (rank == 0) {
     std::printf("{\"bench\": \"dpmlp_train\", \"rows\": %lld, \"hidden\": %d, \"features\": %d, \"steps\": %d, "
                 "\"ranks\": %d, \"devices\": %d, \"platform\": \"%s\", \"space\": \"%s\", \"comm\": \"%s\", "
-                "\"reduction\": \"%s\", \"engine\": \"%s\", \"gemm\": \"%s\", \"graph\": %s, \"repeats\": %d, \"warmup_steps\": %d, \"times_ms\": [",
+                "\"reduction\": \"%s\", \"engine\": \"%s\", \"gemm\": \"%s\", \"graph\": %s, \"peer\": %s, \"repeats\": %d, \"warmup_steps\": %d, \"times_ms\": [",
                 static_cast<long long>(o.rows), o.hidden, dpmlp::Standardizer::features(o.cols), o.steps, size,
                 devices, dpmlp::platform_name<ExecSpace>(), ExecSpace::name(), Comm::name(), o.reduction.c_str(),
                 dpmlp::engine_name(multi.engine),
                 multi.engine != dpmlp::Engine::layered ? "none" : dpmlp::linalg::backend_name(dpmlp::linalg::default_backend<ExecSpace>(o.reduction == "reproducible")),
-                o.graph ? "true" : "false", o.repeats, o.warmup);
+                o.graph ? "true" : "false", o.peer ? "true" : "false", o.repeats, o.warmup);
     for (std::size_t i = 0; i < multi.ms.size(); ++i) std::printf("%s%.3f", i ? ", " : "", multi.ms[i]);
     std::printf("], \"median_ms\": %.3f, \"prep_ms\": %.3f, \"first_loss\": %.6f, \"last_loss\": %.6f, "
                 "\"single_last_loss\": %.6f, \"max_dparam\": %.3e, \"check\": \"%s\"}\n",
@@ -208,6 +214,17 @@ int breakdown(const Options& o) {
   const double local_us = per_call_us([&] { reducer.reduce_local(space, engine.partials()); });
   const double reduce_us = per_call_us([&] { reducer.reduce(space, engine.partials(), trainer.communicator()); });
   const double combine_us = per_call_us([&] { reducer.combine_apply(space, [] KOKKOS_FUNCTION(std::int64_t, float) {}); });
+  // The peer exchange's one kernel (tree, exchange, combine; no update), where --peer asks for it.
+  double peer_us = -1;
+  if (o.peer && size > 1) {
+    const auto peer = dpmlp::backend::make_peer_exchange(comm, reducer);
+    if (peer) {
+      peer_us = per_call_us([&] {
+        dpmlp::backend::reduce_apply_peer(space, reducer, engine.partials(), *peer,
+                                          [] KOKKOS_FUNCTION(std::int64_t, float) {});
+      });
+    }
+  }
   const double empty_us = per_call_us([&] {
     Kokkos::parallel_for("dpmlp::bench::empty", Kokkos::RangePolicy<ExecSpace>(space, 0, 1),
                          KOKKOS_LAMBDA(const int) {});
@@ -227,12 +244,12 @@ int breakdown(const Options& o) {
   const double plain_us = step_us(false), graph_us = step_us(true);
   if (rank == 0) {
     std::printf("{\"bench\": \"dpmlp_breakdown\", \"rows\": %lld, \"hidden\": %d, \"ranks\": %d, \"comm\": \"%s\", "
-                "\"reduction\": \"%s\", \"engine\": \"%s\", \"local_blocks\": %lld, \"width\": %lld, \"calls\": %d, "
-                "\"engine_us\": %.2f, \"reduce_local_us\": %.2f, \"reduce_us\": %.2f, \"combine_us\": %.2f, "
+                "\"reduction\": \"%s\", \"peer\": %s, \"engine\": \"%s\", \"local_blocks\": %lld, \"width\": %lld, \"calls\": %d, "
+                "\"engine_us\": %.2f, \"reduce_local_us\": %.2f, \"reduce_us\": %.2f, \"combine_us\": %.2f, \"peer_us\": %.2f, "
                 "\"empty_launch_us\": %.2f, \"step_us\": %.2f, \"graph_step_us\": %.2f}\n",
                 static_cast<long long>(o.rows), o.hidden, size, Comm::name(), o.reduction.c_str(),
-                dpmlp::engine_name(trainer.engine()), static_cast<long long>(trainer.shard().local_blocks()),
-                static_cast<long long>(engine.width()), n, engine_us, local_us, reduce_us, combine_us, empty_us,
+                o.peer ? "true" : "false", dpmlp::engine_name(trainer.engine()), static_cast<long long>(trainer.shard().local_blocks()),
+                static_cast<long long>(engine.width()), n, engine_us, local_us, reduce_us, combine_us, peer_us, empty_us,
                 plain_us, graph_us);
     std::fflush(stdout);
   }

@@ -5,9 +5,10 @@
 //   mpirun -np <gpus> multi_gpu_train [--allow-cpu-devices] [--rows N] [--hidden H] [--steps S] [--rate R]
 //                                     [--comm mpi|nccl] [--reduction reproducible|fast] [--block-rows B]
 //                                     [--warmup S] [--graph] [--engine automatic|fused|tensor|layered]
-//                                     [--allow-single-cpu-device]
+//                                     [--allow-single-cpu-device] [--peer]
 //
 // --graph: on CUDA with NCCL, capture one step as a CUDA graph and replay it (TrainerOptions::cuda_graph).
+// --peer: on CUDA, the subtree sums go straight into the other GPUs' memory (TrainerOptions::peer_exchange).
 //
 // Each rank draws only its own rows of the seed's data (JAX's partitionable threefry: element i depends on
 // the key and i alone), standardizes them natively, and trains data-parallel. Rank 0 then runs the same
@@ -34,7 +35,7 @@ using ExecSpace = Kokkos::DefaultExecutionSpace;
 using Memory = ExecSpace::memory_space;
 
 struct Options {
-  bool allow_cpu = false, allow_single = false, graph = false;
+  bool allow_cpu = false, allow_single = false, graph = false, peer = false;
   std::int64_t rows = 20000;
   int cols = 16, hidden = 32, steps = 100, warmup = 5;
   double rate = 0.02;
@@ -52,6 +53,7 @@ Options parse(int argc, char* argv[]) {
     if (a == "--allow-cpu-devices") o.allow_cpu = true;
     else if (a == "--allow-single-cpu-device") o.allow_single = true;
     else if (a == "--graph") o.graph = true;
+    else if (a == "--peer") o.peer = true;
     else if (a == "--rows") o.rows = args.integer(i);
     else if (a == "--cols") o.cols = args.int_value(i);
     else if (a == "--hidden") o.hidden = args.int_value(i);
@@ -96,6 +98,7 @@ RunResult run(MPI_Comm comm, const Options& o, bool timed) {
   topt.reduction = o.reduction == "fast" ? dpmlp::Reduction::fast : dpmlp::Reduction::reproducible;
   topt.block_rows = o.block_rows;
   topt.cuda_graph = o.graph;
+  topt.peer_exchange = o.peer;
   topt.engine = o.engine;
   dpmlp::DataParallelTrainer<ExecSpace, Comm> trainer(comm, model, o.rows, sgd, topt);
   ExecSpace space;
@@ -174,8 +177,8 @@ int main_with(const Options& o) {
             : std::string("layered (gemm: ") +
                   dpmlp::linalg::backend_name(dpmlp::linalg::default_backend<ExecSpace>(o.reduction == "reproducible")) +
                   ")";
-    std::printf("# comm: %s, reduction: %s, engine: %s, cuda graph: %s, ranks: %d\n", Comm::name(),
-                o.reduction.c_str(), engine.c_str(), o.graph ? "requested" : "off", size);
+    std::printf("# comm: %s%s, reduction: %s, engine: %s, cuda graph: %s, ranks: %d\n", Comm::name(),
+                o.peer ? " (sums by peer exchange)" : "", o.reduction.c_str(), engine.c_str(), o.graph ? "requested" : "off", size);
     std::printf("prep %8.1f ms checksum=%.6f\n", multi.prep_ms, multi.checksum);
     std::printf("train %8.1f ms loss %.4f -> %.4f\n", multi.train_ms, first, last);
     std::printf("# train time: %d steps, steady state (first-launch costs taken by a %d-step warm-up run)\n",

@@ -17,6 +17,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <dpmlp/dpmlp.hpp>
@@ -397,4 +398,45 @@ TEST_CASE("a non-finite output parameter surfaces as a TrainingError at step 1 o
   const Data d = make_data(t.shard());
   t.set_data(d.x, d.y);
   check_thrown_everywhere(outcome_of([&] { t.train(4); }), "TrainingError", {"not finite", "at step 1 "});
+}
+
+TEST_CASE("peer_exchange: refused on every rank where it cannot run, and when only some ranks ask for it",
+          "[mpi][faults][peer]") {
+  auto model = make_model();
+  SECTION("only rank 0 asks") {
+    if (dpmlp_test::size() > 1) {
+      dpmlp::TrainerOptions opt = small_blocks();
+      opt.peer_exchange = dpmlp_test::rank() == 0;
+      check_thrown_everywhere(outcome_of([&] { Trainer<> t(MPI_COMM_WORLD, model, kRows, dpmlp::Sgd(0.05), opt); }),
+                              "InputError", {"peer_exchange", "some ranks asked for peer_exchange and some did not"});
+    }
+  }
+  SECTION("two ranks on one GPU (CUDA builds with more ranks than GPUs)") {
+    const int gpus = dpmlp::count_physical_devices<ExecSpace>(MPI_COMM_WORLD, false);
+    if (dpmlp_test::size() > 1 && gpus > 0 && gpus < dpmlp_test::size()) {
+      dpmlp::TrainerOptions opt = small_blocks();
+      opt.peer_exchange = true;
+      check_thrown_everywhere(outcome_of([&] { Trainer<> t(MPI_COMM_WORLD, model, kRows, dpmlp::Sgd(0.05), opt); }),
+                              "InputError", {"peer_exchange: it needs one GPU per rank, but the"});
+    }
+  }
+  SECTION("with the fast reduction, or without Kokkos::Cuda") {
+    dpmlp::TrainerOptions opt = small_blocks();
+    opt.peer_exchange = true;
+    opt.reduction = dpmlp::Reduction::fast;
+    const Outcome o = outcome_of([&] { Trainer<> t(MPI_COMM_WORLD, model, kRows, dpmlp::Sgd(0.05), opt); });
+    if (dpmlp_test::size() == 1) {
+      CHECK(o.kind.empty());  // one rank: nothing to exchange, the option is ignored
+    } else {
+      check_thrown_everywhere(o, "InputError", {"peer_exchange"});
+#if !defined(KOKKOS_ENABLE_CUDA)
+      CHECK_THAT(o.message, Catch::Contains("it needs a CUDA build of Kokkos"));
+#else
+      if (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+        const bool one_gpu_each = dpmlp::count_physical_devices<ExecSpace>(MPI_COMM_WORLD, false) == dpmlp_test::size();
+        CHECK_THAT(o.message, Catch::Contains(one_gpu_each ? "Reduction::reproducible" : "one GPU per rank"));
+      }
+#endif
+    }
+  }
 }

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "mpi_test_util.hpp"
 #include "trainer_test_util.hpp"
@@ -267,3 +269,124 @@ TEST_CASE("mini-batches: epochs are reported, and bad arguments are refused on e
   trainer.train(1);  // now mid-epoch
   CHECK_THROWS_WITH(trainer.train_epochs(1, 64, 1), Catch::Contains("resume at an epoch boundary"));
 }
+
+// TrainerOptions::peer_exchange (CUDA, two or more ranks): the subtree sums go straight into the other GPUs'
+// memory, in one kernel with the tree, the combine and the update. The same bits as the one-device run, for
+// every engine, with and without a CUDA graph; on one rank the option is ignored. Without Kokkos::Cuda it
+// is refused at two or more ranks (test_faults_mpi).
+namespace {
+// Whether the peer exchange runs at this rank count here (on one rank it is ignored, so it "runs"): CUDA,
+// one GPU per rank. Elsewhere it is refused (test_faults_mpi).
+bool peer_runs() {
+  if (size() == 1) return true;
+  if (!dpmlp::backend::peer_exchange_unsupported<Space, float>().empty()) return false;
+  return dpmlp::count_physical_devices<Space>(MPI_COMM_WORLD, false) == size();
+}
+}  // namespace
+
+TEST_CASE("peer exchange: bitwise the one-device parameters", "[trainer][peer]") {
+  if (!peer_runs()) return;
+  struct Case {
+    std::vector<int> widths;
+    std::int64_t rows, block;
+  };
+  // Uneven shards, short last blocks, a tree of many levels (1024 blocks of 16) and a wide model.
+  const std::vector<Case> cases = {{{8, 16, 1}, 1000, 7}, {{8, 16, 1}, 1001, 100}, {{8, 16, 1}, 16384, 16},
+                                   {{40, 100, 3}, 523, 48}};
+  for (const auto& c : cases) {
+    std::vector<dpmlp::Engine> engines = fused_engines(c.widths);
+    engines.push_back(dpmlp::Engine::layered);
+    for (const dpmlp::Engine engine : engines) {
+      for (const bool graph : {false, true}) {
+        Problem p;
+        p.rows = c.rows;
+        p.widths = c.widths;
+        dpmlp::TrainerOptions opt;
+        opt.block_rows = c.block;
+        opt.engine = engine;
+        const Trained single = train_alone(p, 6, opt);
+        opt.peer_exchange = true;
+        opt.cuda_graph = graph;
+        const Trained multi = train(MPI_COMM_WORLD, p, 6, opt);
+        INFO("engine " << dpmlp::engine_name(engine) << ", rows " << c.rows << ", block " << c.block << ", graph "
+                       << graph << ", ranks " << size());
+        CHECK(std::memcmp(multi.params.data(), single.params.data(), multi.params.size() * sizeof(float)) == 0);
+        CHECK(multi.result.first_loss == single.result.first_loss);
+        CHECK(multi.result.last_loss == single.result.last_loss);
+      }
+    }
+  }
+}
+
+TEST_CASE("peer exchange: momentum and Adam, and runs that continue, same bits", "[trainer][peer]") {
+  if (!peer_runs()) return;
+  Problem p;
+  p.rows = 523;
+  p.widths = {5, 12, 9, 2};
+  p.activation = dpmlp::Activation::tanh;
+  dpmlp::TrainerOptions opt;
+  opt.block_rows = 32;
+  const auto single = train_alone<dpmlp::MpiCommunicator, dpmlp::Adam>(p, 8, opt, dpmlp::Adam(0.01));
+  opt.peer_exchange = true;
+  const auto multi = train<dpmlp::MpiCommunicator, dpmlp::Adam>(MPI_COMM_WORLD, p, 8, opt, dpmlp::Adam(0.01));
+  CHECK(max_abs_diff(multi.params, single.params) == 0.0);
+  // Three train() calls of one trainer (the exchange's step counters carry over) against one call of 9 steps.
+  dpmlp::Mlp<float, Memory> a(p.widths, p.activation), b(p.widths, p.activation);
+  a.init_jax(dpmlp::random::PRNGKey(5), 0.3f);
+  b.init_jax(dpmlp::random::PRNGKey(5), 0.3f);
+  opt.peer_exchange = false;
+  dpmlp::DataParallelTrainer<Space, dpmlp::MpiCommunicator> ref(MPI_COMM_SELF, a, p.rows, dpmlp::Sgd(0.05, 0.9), opt);
+  opt.peer_exchange = true;
+  dpmlp::DataParallelTrainer<Space, dpmlp::MpiCommunicator> t(MPI_COMM_WORLD, b, p.rows, dpmlp::Sgd(0.05, 0.9), opt);
+  Matrix xa, ya, xb, yb;
+  draw_rows(p, 0, p.rows, xa, ya);
+  draw_rows(p, t.shard().first_row, t.shard().rows(), xb, yb);
+  ref.set_data(xa, ya);
+  t.set_data(xb, yb);
+  ref.train(9);
+  for (int k = 0; k < 3; ++k) t.train(3);
+  CHECK(dpmlp::digest(a.params()) == dpmlp::digest(b.params()));
+}
+
+#if defined(KOKKOS_ENABLE_CUDA)
+// A rank whose GPU falls behind by more than DPMLP_PEER_TIMEOUT_S: the other rank's wait gives up, skips its
+// later steps (so the late rank's next wait gives up too), and every rank throws CommError when the run ends.
+TEST_CASE("peer exchange: a rank that falls behind makes every rank throw CommError, no hang", "[trainer][peer]") {
+  if (size() < 2 || !peer_runs()) return;
+  Problem p;
+  p.rows = 1000;
+  dpmlp::Mlp<float, Memory> model(p.widths);
+  model.init_jax(dpmlp::random::PRNGKey(1), 0.3f);
+  dpmlp::TrainerOptions opt;
+  opt.block_rows = 16;
+  opt.peer_exchange = true;
+  setenv("DPMLP_PEER_TIMEOUT_S", "1", 1);  // read when the exchange is built
+  dpmlp::DataParallelTrainer<Space, dpmlp::MpiCommunicator> t(MPI_COMM_WORLD, model, p.rows, dpmlp::Sgd(0.05), opt);
+  unsetenv("DPMLP_PEER_TIMEOUT_S");
+  Matrix x, y;
+  draw_rows(p, t.shard().first_row, t.shard().rows(), x, y);
+  t.set_data(x, y);
+  t.train(2);
+  if (rank() == 1) {  // 3 s of GPU work ahead of this rank's next steps
+    Kokkos::parallel_for(
+        "dpmlp_test::delay", Kokkos::RangePolicy<Space>(t.space(), 0, 1), KOKKOS_LAMBDA(int) {
+          const long long start = dpmlp::backend::peer_clock_ns();
+          while (dpmlp::backend::peer_clock_ns() - start < 3000000000LL) {
+          }
+        });
+  }
+  std::string kind, message;
+  try {
+    t.train(5);
+  } catch (const dpmlp::CommError& e) {
+    kind = "CommError";
+    message = e.what();
+  } catch (const std::exception& e) {
+    kind = "other";
+    message = e.what();
+  }
+  INFO("rank " << rank() << ": " << kind << ": " << message);
+  CHECK(dpmlp_test::all(kind == "CommError"));
+  CHECK_THAT(message, Catch::Contains("peer exchange") && Catch::Contains("waited more than 1 s"));
+}
+#endif

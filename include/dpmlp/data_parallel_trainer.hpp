@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -26,7 +27,9 @@
 #include <vector>
 
 #include "dpmlp/backend/cuda_graph.hpp"
+#include "dpmlp/backend/cuda_peer.hpp"
 #include "dpmlp/comm/communicator.hpp"
+#include "dpmlp/devices.hpp"
 #include "dpmlp/digest.hpp"
 #include "dpmlp/errors.hpp"
 #include "dpmlp/kokkos_compat.hpp"
@@ -53,6 +56,14 @@ struct TrainerOptions {
   // for one-hidden-layer models that fit it, else the layered engine. Either is reproducible; they differ
   // from each other in the last bits.
   Engine engine = Engine::automatic;
+  // With two or more ranks on CUDA and the reproducible reduction: exchange the block tree's subtree sums by
+  // writing them straight into the other ranks' GPU memory (CUDA IPC; the GPUs need peer access, as over
+  // NVLink), in one kernel that also sums the local tree, runs the combine and applies the update
+  // (backend/cuda_peer.hpp). A step is then two kernels and no collective call; the bits are those of the
+  // allgather path. Every rank must ask for it; on one rank it is ignored, elsewhere refused. A rank that waits
+  // more than DPMLP_PEER_TIMEOUT_S seconds (default 60) for another makes every rank throw CommError when the
+  // run ends.
+  bool peer_exchange = false;
 };
 
 struct TrainResult {
@@ -254,6 +265,30 @@ class DataParallelTrainer {
       agree(c, mixed);
     }
     reducer_ = BlockTreeReducer<ExecSpace, Scalar>(plan_, engine_.width(), options.reduction);
+    {
+      // Every rank must take the same path (the exchange's kernel pairs with the peers' kernels, not with a
+      // collective), so a rank that did not ask for it refuses too.
+      int asked[2] = {options.peer_exchange ? 1 : 0, options.peer_exchange ? -1 : 0}, most[2] = {0, 0};
+      detail::check_mpi(MPI_Allreduce(asked, most, 2, MPI_INT, MPI_MAX, c), "MPI_Allreduce");
+      std::string why;
+      if (most[0] != -most[1]) {
+        why = "some ranks asked for peer_exchange and some did not";
+      } else if (options.peer_exchange && comm_.size() > 1) {
+        why = backend::peer_exchange_unsupported<ExecSpace, Scalar>();
+        if (why.empty()) {
+          // Collective (every rank gets here: the same option, the same types). Two ranks on one GPU: one's
+          // kernel would spin waiting for the other's, which waits for the GPU.
+          const int gpus = count_physical_devices<ExecSpace>(c, false, space_);
+          if (gpus != comm_.size()) {
+            why = "it needs one GPU per rank, but the " + std::to_string(comm_.size()) + " ranks drive " +
+                  std::to_string(gpus) + " distinct GPUs";
+          }
+        }
+        if (why.empty() && options.reduction != Reduction::reproducible) why = "it needs Reduction::reproducible";
+      }
+      agree(c, why.empty() ? why : "dpmlp::DataParallelTrainer: peer_exchange: " + why);
+      if (options.peer_exchange && comm_.size() > 1) peer_ = backend::make_peer_exchange(c, reducer_);
+    }
     state_ = Kokkos::View<Scalar*, memory_space>("dpmlp::optimizer_state", optimizer.state_size(model_.num_params()));
     sync_parameters();
   }
@@ -449,6 +484,8 @@ class DataParallelTrainer {
   // Waits for the run, counts its steps, and checks its losses (the one divergence check: once a run).
   TrainResult end_run(int steps) {
     compat::fence(space_, "dpmlp::DataParallelTrainer::train");
+    // A peer-exchange wait that timed out (on one rank, then its peers in turn): every rank throws.
+    if (peer_) agree<CommError>(comm_.mpi_comm(), peer_->failure());
     auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), losses_);
     host_steps_enqueued_ = 0;
     // A diverged run is not counted in steps_done(): it is a failed run, not progress.
@@ -469,7 +506,8 @@ class DataParallelTrainer {
 
   // Whether train() replays a captured step.
   bool use_graph() const {
-    return options_.cuda_graph && backend::StepGraph<ExecSpace>::supported && Comm::stream_ordered &&
+    // The peer exchange makes any communicator's step stream-ordered: it calls no collective.
+    return options_.cuda_graph && backend::StepGraph<ExecSpace>::supported && (Comm::stream_ordered || peer_) &&
            !Optimizer::step_depends_on_t && !graph_failed_;
   }
 
@@ -487,14 +525,19 @@ class DataParallelTrainer {
     const auto index = loss_index_;
     const auto update = optimizer_.template step<Scalar>(steps_done_ + 1 + host_steps_enqueued_++);
     // The optimizer update runs in the reduction's last kernel, column by column.
-    reducer_.reduce_apply(space_, engine_.partials(), comm_, KOKKOS_LAMBDA(const std::int64_t i, const Scalar total) {
+    const auto apply = KOKKOS_LAMBDA(const std::int64_t i, const Scalar total) {
       if (i < P) {
         update(i, P, params.data(), total, state.data());
       } else {
         losses(index()) = total * inv;
         index() += 1;
       }
-    });
+    };
+    if (peer_) {
+      backend::reduce_apply_peer(space_, reducer_, engine_.partials(), *peer_, apply);
+    } else {
+      reducer_.reduce_apply(space_, engine_.partials(), comm_, apply);
+    }
   }
 
   void sync_parameters() {
@@ -575,6 +618,7 @@ class DataParallelTrainer {
   Kokkos::View<std::int64_t*, memory_space> positions_;  // train_epochs: each shard row's place in the epoch
   std::int64_t host_steps_enqueued_ = 0;  // steps enqueued in this train() call (for step-dependent optimizers)
   bool graph_failed_ = false;
+  std::shared_ptr<backend::PeerExchange> peer_;  // TrainerOptions::peer_exchange on two or more ranks
   // Last: destroyed first, before the communicator whose collective it captured.
   backend::StepGraph<ExecSpace> graph_;
 };

@@ -98,6 +98,15 @@ inline void initialize(int device_id = -1, int num_threads = -1) {
 #endif
 }
 
+// `p` with the light-weight hint. On CUDA, Kokkos passes a functor of 512 bytes or more through constant
+// memory unless hinted: that launch waits on the host for the previous such launch, and a CUDA graph cannot
+// capture it. Hinted, a functor of up to 4 KB is a kernel argument. Kernels that capture the trainer's update
+// pass 512 bytes. Other backends ignore the hint. (Kokkos 3.4 and 4.x.)
+template <class Policy>
+auto light_weight(const Policy& p) {
+  return Kokkos::Experimental::require(p, Kokkos::Experimental::WorkItemProperty::HintLightWeight);
+}
+
 // The execution space's name, as the example prints it ("Serial", "OpenMP", "Cuda", ...).
 template <class ExecSpace>
 const char* space_name() {

@@ -245,6 +245,11 @@ class BlockTreeReducer {
   const BlockTreePlan& plan() const { return plan_; }
   std::int64_t width() const { return width_; }
   Reduction mode() const { return mode_; }
+  // The device copies of this rank's subtrees (first local block, level) and of the combine program (the
+  // peer exchange, backend/cuda_peer.hpp, runs the same tree from them).
+  const Kokkos::View<std::int64_t*, memory_space>& node_lo() const { return node_lo_; }
+  const Kokkos::View<int*, memory_space>& node_level() const { return node_level_; }
+  const Kokkos::View<int* [3], memory_space>& program() const { return program_; }
 
   // partials: this rank's blocks (local_blocks x width); destroyed (reduced in place). Returns a View that
   // holds the global total once the work enqueued on `space` (and, for a stream-ordered communicator, the
@@ -323,7 +328,8 @@ class BlockTreeReducer {
     // A team is lanes x cw_max threads: thread (lane, c) owns column c0 + c and every lanes-th row, so no
     // index needs a division (cw_max is a power of two; a 64-bit division costs ~100 GPU instructions).
     const int team_size = is_host_space<ExecSpace>() ? 1 : 256;
-    auto pol = policy(space, static_cast<int>(nodes * chunks), team_size);
+    // Light-weight: with f (the trainer's update) the functor passes 512 bytes (compat::light_weight).
+    auto pol = compat::light_weight(policy(space, static_cast<int>(nodes * chunks), team_size));
     pol.set_scratch_size(0, Kokkos::PerTeam(bytes));
     Kokkos::parallel_for(
         "dpmlp::tree_reduce_local", pol, KOKKOS_LAMBDA(const member& team) {
@@ -444,7 +450,8 @@ class BlockTreeReducer {
     const std::int64_t W = width_;
     const int values = plan_.values();
     const std::size_t bytes = combine_scratch_bytes(cols);
-    auto pol = policy(space, static_cast<int>((W + cols - 1) / cols), is_host_space<ExecSpace>() ? 1 : cols);
+    auto pol = compat::light_weight(policy(space, static_cast<int>((W + cols - 1) / cols),
+                                           is_host_space<ExecSpace>() ? 1 : cols));  // f: the update
     pol.set_scratch_size(0, Kokkos::PerTeam(bytes));
     Kokkos::parallel_for(
         "dpmlp::tree_combine", pol, KOKKOS_LAMBDA(const member& team) {
@@ -495,7 +502,7 @@ class BlockTreeReducer {
     const int steps = tree ? static_cast<int>(program_.extent(0)) : 0;
     const int root = plan_.root();
     Kokkos::parallel_for(
-        "dpmlp::tree_combine", Kokkos::RangePolicy<ExecSpace>(space, 0, width_),
+        "dpmlp::tree_combine", compat::light_weight(Kokkos::RangePolicy<ExecSpace>(space, 0, width_)),
         KOKKOS_LAMBDA(const std::int64_t p) {
           for (int s = 0; s < steps; ++s) V(prog(s, 0), p) = V(prog(s, 1), p) + V(prog(s, 2), p);
           f(p, tree ? V(root, p) : send(0, p));

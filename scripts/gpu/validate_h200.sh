@@ -51,6 +51,12 @@ for step in $steps; do
       # At the seed size Engine::automatic picks the warp-matrix tensor kernel; the register-resident one forced:
       run "multi_gpu_train, 2 GPUs, NCCL, DPMLP_TENSOR_KERNEL=mma" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE \
         -x DPMLP_TENSOR_KERNEL=mma $B/examples/multi_gpu_train
+      # The peer exchange (TrainerOptions::peer_exchange): the same digest, plain and graphed, either communicator.
+      run "multi_gpu_train, 2 GPUs, peer exchange" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE $B/examples/multi_gpu_train --peer
+      run "multi_gpu_train, 2 GPUs, peer exchange, CUDA graph" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE \
+        $B/examples/multi_gpu_train --peer --graph
+      run "multi_gpu_train, 2 GPUs, MPI communicator, peer exchange" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE \
+        $B/examples/multi_gpu_train --comm mpi --peer
       ;;
     refuse)
       run "multi_gpu_train with one visible GPU (expect the refusal, exit 77)" 120 \
@@ -68,6 +74,9 @@ for step in $steps; do
       run "compute-sanitizer memcheck: multi_gpu_train, MPI communicator (10 steps)" 300 mpirun -np 2 \
         compute-sanitizer --tool memcheck --error-exitcode 9 $B/examples/multi_gpu_train --comm mpi --steps 10 --warmup 1
       for tool in memcheck racecheck; do
+        run "compute-sanitizer $tool: multi_gpu_train, peer exchange (10 steps)" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE \
+          compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 $B/examples/multi_gpu_train \
+          --steps 10 --warmup 1 --peer
         run "compute-sanitizer $tool: multi_gpu_train, NCCL (10 steps)" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE \
           compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 $B/examples/multi_gpu_train \
           --steps 10 --warmup 1
