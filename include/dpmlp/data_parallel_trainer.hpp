@@ -485,7 +485,10 @@ class DataParallelTrainer {
   TrainResult end_run(int steps) {
     compat::fence(space_, "dpmlp::DataParallelTrainer::train");
     // A peer-exchange wait that timed out (on one rank, then its peers in turn): every rank throws.
-    if (peer_) agree<CommError>(comm_.mpi_comm(), peer_->failure());
+    if (peer_) {
+      agree<CommError>(comm_.mpi_comm(), peer_->failure());
+      peer_->quiet();  // every rank has fenced its steps: no peer writes into this rank's buffer any more
+    }
     auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), losses_);
     host_steps_enqueued_ = 0;
     // A diverged run is not counted in steps_done(): it is a failed run, not progress.
@@ -534,6 +537,7 @@ class DataParallelTrainer {
       }
     };
     if (peer_) {
+      peer_->busy();
       backend::reduce_apply_peer(space_, reducer_, engine_.partials(), *peer_, apply);
     } else {
       reducer_.reduce_apply(space_, engine_.partials(), comm_, apply);

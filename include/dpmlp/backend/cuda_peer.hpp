@@ -195,7 +195,16 @@ class PeerExchange {
     detail::check_mpi(MPI_Barrier(comm), "MPI_Barrier");
   }
 
-  ~PeerExchange() { release(); }
+  // A rank's buffer may be freed only when no peer can still write into it (CUDA IPC: freeing memory a peer
+  // has mapped and writes is undefined). That holds once a run ended on every rank (each fenced its work before
+  // the run's closing agreement): the trainer then calls quiet(). A trainer destroyed in the middle of a run
+  // (a rank that left train() by an exception while its peers go on) leaves its buffer and maps allocated on
+  // purpose, until the process ends.
+  ~PeerExchange() {
+    if (quiet_) release();
+  }
+  void busy() { quiet_ = false; }
+  void quiet() { quiet_ = true; }
 
   const PeerLinks& links() const { return links_; }
 
@@ -246,6 +255,7 @@ class PeerExchange {
   void* own_ = nullptr;
   void* bases_dev_ = nullptr;
   std::vector<void*> mapped_;
+  bool quiet_ = true;  // no step of this exchange is in flight on any rank
 };
 
 // Team scratch of the exchange kernel for `cols` columns: two 8-byte control words, the node table (first
@@ -468,6 +478,8 @@ std::string peer_exchange_unsupported() {
 class PeerExchange {
  public:
   std::string failure() const { return {}; }
+  void busy() {}
+  void quiet() {}
 };
 template <class ExecSpace, class Scalar>
 std::shared_ptr<PeerExchange> make_peer_exchange(MPI_Comm, const BlockTreeReducer<ExecSpace, Scalar>&) {
