@@ -33,11 +33,19 @@ TEST_CASE("reproducible: bitwise the one-device parameters, uneven shards includ
   }
 }
 
-TEST_CASE("reproducible: deeper models, tanh, momentum and Adam, same bits", "[trainer]") {
+namespace {
+// Two hidden layers, tanh, uneven shards: the layered engine.
+Problem deeper_problem() {
   Problem p;
   p.rows = 523;
   p.widths = {5, 12, 9, 2};
   p.activation = dpmlp::Activation::tanh;
+  return p;
+}
+}  // namespace
+
+TEST_CASE("reproducible: deeper models, tanh, momentum and Adam, same bits", "[trainer]") {
+  const Problem p = deeper_problem();
   dpmlp::TrainerOptions opt;
   opt.block_rows = 32;
   {
@@ -320,10 +328,7 @@ TEST_CASE("peer exchange: bitwise the one-device parameters", "[trainer][peer]")
 
 TEST_CASE("peer exchange: momentum and Adam, and runs that continue, same bits", "[trainer][peer]") {
   if (!peer_runs()) return;
-  Problem p;
-  p.rows = 523;
-  p.widths = {5, 12, 9, 2};
-  p.activation = dpmlp::Activation::tanh;
+  const Problem p = deeper_problem();
   dpmlp::TrainerOptions opt;
   opt.block_rows = 32;
   const auto single = train_alone<dpmlp::MpiCommunicator, dpmlp::Adam>(p, 8, opt, dpmlp::Adam(0.01));

@@ -68,14 +68,8 @@ struct PeerLinks {
 
 #if defined(KOKKOS_ENABLE_CUDA)
 
-// System-scope release store and acquire load of a flag; the GPU's global nanosecond timer.
-KOKKOS_INLINE_FUNCTION void peer_store_release(unsigned long long* p, unsigned long long v) {
-#if defined(__CUDA_ARCH__)
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-#else
-  (void)p, (void)v;
-#endif
-}
+// System-scope relaxed store (after a fence: a release) and acquire load of a flag; the GPU's global
+// nanosecond timer.
 KOKKOS_INLINE_FUNCTION void peer_store_relaxed(unsigned long long* p, unsigned long long v) {
 #if defined(__CUDA_ARCH__)
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
