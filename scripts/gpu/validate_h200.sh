@@ -74,8 +74,9 @@ for step in $steps; do
       run "compute-sanitizer memcheck: multi_gpu_train, MPI communicator (10 steps)" 300 mpirun -np 2 \
         compute-sanitizer --tool memcheck --error-exitcode 9 $B/examples/multi_gpu_train --comm mpi --steps 10 --warmup 1
       for tool in memcheck racecheck; do
+        # A sanitized rank can be far slower than its peer: the exchange's waits get 600 s instead of 60.
         run "compute-sanitizer $tool: multi_gpu_train, peer exchange (10 steps)" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE \
-          compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 $B/examples/multi_gpu_train \
+          -x DPMLP_PEER_TIMEOUT_S=600 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 $B/examples/multi_gpu_train \
           --steps 10 --warmup 1 --peer
         run "compute-sanitizer $tool: multi_gpu_train, NCCL (10 steps)" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE \
           compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 $B/examples/multi_gpu_train \
