@@ -250,6 +250,9 @@ class BlockTreeReducer {
   const Kokkos::View<std::int64_t*, memory_space>& node_lo() const { return node_lo_; }
   const Kokkos::View<int*, memory_space>& node_level() const { return node_level_; }
   const Kokkos::View<int* [3], memory_space>& program() const { return program_; }
+  // The longest local subtree, in blocks (reproducible mode; 0 without local blocks): the tree's levels run
+  // while a pair of it is left.
+  std::int64_t widest_subtree() const { return scratch_rows_; }
 
   // partials: this rank's blocks (local_blocks x width); destroyed (reduced in place). Returns a View that
   // holds the global total once the work enqueued on `space` (and, for a stream-ordered communicator, the

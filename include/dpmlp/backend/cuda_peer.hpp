@@ -46,6 +46,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "dpmlp/backend/cuda_tensor_core.hpp"
 #include "dpmlp/errors.hpp"
 #include "dpmlp/kokkos_compat.hpp"
 #include "dpmlp/reduction.hpp"
@@ -280,9 +281,7 @@ std::shared_ptr<PeerExchange> make_peer_exchange(MPI_Comm comm, const BlockTreeR
                                " blocks of partial sums do not fit a team's scratch even a column at a time; use "
                                "larger block_rows or no peer_exchange");
   const int chunks = static_cast<int>((r.width() + fewest - 1) / fewest);
-  int dev = 0, sms = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const int sms = tensor_device().sms;
   long long timeout_s = 60;
   if (const char* v = std::getenv("DPMLP_PEER_TIMEOUT_S")) {
     char* end = nullptr;
@@ -312,12 +311,7 @@ void reduce_apply_peer(const ExecSpace& space, const BlockTreeReducer<ExecSpace,
   const int slots = plan.slots(), steps = static_cast<int>(plan.program().size()), root = plan.root();
   const int values = plan.values(), gathered = plan.size() * slots;
   const std::int64_t W = r.width(), local_blocks = plan.shard().local_blocks();
-  // The longest local subtree, in blocks: the tree's levels run while a pair of it is left.
-  int max_span = 1;
-  for (const auto& n : plan.local_nodes()) {
-    const std::int64_t lo = n.lo - plan.shard().first_block;
-    max_span = std::max<int>(max_span, static_cast<int>(std::min(std::int64_t(1) << n.level, local_blocks - lo)));
-  }
+  const std::int64_t max_span = r.widest_subtree();
   const int cw = L.columns;
   int shift = 0;  // cw = 2^shift: column and lane of a thread by mask and shift (no integer division)
   while ((1 << shift) < cw) ++shift;
@@ -443,21 +437,16 @@ void reduce_apply_peer(const ExecSpace& space, const BlockTreeReducer<ExecSpace,
       team.team_barrier();  // the scratch is the next chunk's
     }
   };
-  // Light-weight (compat::light_weight): the functor holds the trainer's update.
-  auto pol = compat::light_weight(policy(space, 1, 256));
-  pol.set_scratch_size(0, Kokkos::PerTeam(bytes));
   // Every team must run at once (a team's wait depends on the other ranks only): one team a chunk up to as
   // many as the SMs hold, two an SM where the registers (a 512-thread team would fit) and the shared memory
-  // allow it, else each team loops over several chunks.
-  int resident = 1;
-  int smem_sm = 0, dev = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
-  if (pol.team_size_max(body, Kokkos::ParallelForTag()) >= 512 &&
-      2 * (bytes + (256 + 2) * sizeof(double) + 8 + 1024) <= static_cast<std::size_t>(smem_sm)) {
-    resident = 2;
-  }
+  // allow it, else each team loops over several chunks. The register test is the kernel's, once a process.
+  static const bool two_by_registers =
+      compat::light_weight(policy(space, 1, 256)).team_size_max(body, Kokkos::ParallelForTag()) >= 512;
+  const bool two = two_by_registers && 2 * (bytes + (256 + 2) * sizeof(double) + 8 + 1024) <=
+                                           static_cast<std::size_t>(tensor_device().smem_sm);
+  const int resident = two ? 2 : 1;
   const int teams = L.chunks < resident * L.sms ? L.chunks : resident * L.sms;
+  // Light-weight (compat::light_weight): the functor holds the trainer's update.
   auto grid = compat::light_weight(policy(space, teams, 256));
   grid.set_scratch_size(0, Kokkos::PerTeam(bytes));
   Kokkos::parallel_for("dpmlp::tree_peer_exchange", grid, body);

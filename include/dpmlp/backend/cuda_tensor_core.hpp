@@ -1000,9 +1000,10 @@ __global__ void __launch_bounds__(256, TensorMmaKernel<HP, NOC>::MIN_BLOCKS)
 }
 #endif
 
-// The current device's multiprocessors and opt-in shared memory a block (read once a process).
+// The current device's multiprocessors, opt-in shared memory a block and shared memory a multiprocessor
+// (read once a process; the peer exchange, backend/cuda_peer.hpp, sizes its grid from them too).
 struct TensorDevice {
-  int sms = 0, smem_optin = 0;
+  int sms = 0, smem_optin = 0, smem_sm = 0;
 };
 inline const TensorDevice& tensor_device() {
   static const TensorDevice d = [] {
@@ -1011,6 +1012,7 @@ inline const TensorDevice& tensor_device() {
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&r.sms, cudaDevAttrMultiProcessorCount, dev);
     cudaDeviceGetAttribute(&r.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    cudaDeviceGetAttribute(&r.smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
     return r;
   }();
   return d;
