@@ -57,6 +57,9 @@ for step in $steps; do
         $B/examples/multi_gpu_train --peer --graph
       run "multi_gpu_train, 2 GPUs, MPI communicator, peer exchange" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE \
         $B/examples/multi_gpu_train --comm mpi --peer
+      # The exchange behind the register-resident kernel too:
+      run "multi_gpu_train, 2 GPUs, peer exchange, CUDA graph, DPMLP_TENSOR_KERNEL=mma" 300 mpirun -np 2 \
+        -x NCCL_NVLS_ENABLE -x DPMLP_TENSOR_KERNEL=mma $B/examples/multi_gpu_train --peer --graph
       ;;
     refuse)
       run "multi_gpu_train with one visible GPU (expect the refusal, exit 77)" 120 \

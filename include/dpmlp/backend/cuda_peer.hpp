@@ -273,15 +273,30 @@ std::shared_ptr<PeerExchange> make_peer_exchange(MPI_Comm comm, const BlockTreeR
   for (int c = 32; c >= 1 && cols == 0; c /= 2) {  // a power of two: a team's lanes are 256 / columns
     if (peer_scratch_bytes<Scalar>(plan, local_blocks, c) <= most) cols = c;
   }
-  // Every rank must cut the columns alike (flags are per chunk): the fewest any rank can hold.
+  // Narrower chunks while there are no more of them than SMs: a chunk's tree, combine and update are chains
+  // of shared-memory steps, so more, narrower chunks on more SMs end sooner, and each thread stages fewer
+  // rows; more chunks than SMs put two teams on an SM (2xH200, seed size, 1090 columns, ms per 100 steps:
+  // 2.75 with 16-column chunks, 69 teams; 2.96 with 32, 35 teams; 2.91 with 8, 137; docs/benchmarks.md).
+  // DPMLP_PEER_COLUMNS=<power of two> sets the width instead, where it fits (measurements).
+  const int sms = tensor_device().sms;
+  const auto chunks_of = [&](int c) { return (r.width() + c - 1) / c; };
+  if (cols > 0) {
+    int asked = 0;
+    if (const char* v = std::getenv("DPMLP_PEER_COLUMNS")) asked = std::atoi(v);
+    if (asked > 0 && (asked & (asked - 1)) == 0 && asked <= cols) {
+      cols = asked;
+    } else {
+      while (cols > 1 && chunks_of(cols / 2) <= std::int64_t(sms > 0 ? sms : 1)) cols /= 2;
+    }
+  }
+  // Every rank must cut the columns alike (flags are per chunk): the fewest any rank takes.
   int fewest = cols;
   detail::check_mpi(MPI_Allreduce(&cols, &fewest, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
   agree(comm, fewest > 0 ? std::string()
                          : "dpmlp: peer exchange: a rank's " + std::to_string(local_blocks) +
                                " blocks of partial sums do not fit a team's scratch even a column at a time; use "
                                "larger block_rows or no peer_exchange");
-  const int chunks = static_cast<int>((r.width() + fewest - 1) / fewest);
-  const int sms = tensor_device().sms;
+  const int chunks = static_cast<int>(chunks_of(fewest > 0 ? fewest : 1));
   long long timeout_s = 60;
   if (const char* v = std::getenv("DPMLP_PEER_TIMEOUT_S")) {
     char* end = nullptr;
