@@ -38,6 +38,7 @@
 #include <Kokkos_Core.hpp>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -262,6 +263,15 @@ std::size_t peer_scratch_bytes(const BlockTreePlan& plan, std::int64_t rows, int
          plan.program().size() * 3 * sizeof(int);
 }
 
+// The positive integer in environment variable `name` (the whole value), else 0.
+inline long long peer_env_positive(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return 0;
+  char* end = nullptr;
+  const long long t = std::strtoll(v, &end, 10);
+  return end != v && *end == '\0' && t > 0 ? t : 0;
+}
+
 // Builds the exchange for a reducer (collective over comm). Throws InputError on every rank when a rank's
 // blocks do not fit a team's scratch even one column at a time.
 template <class ExecSpace, class Scalar>
@@ -278,16 +288,13 @@ std::shared_ptr<PeerExchange> make_peer_exchange(MPI_Comm comm, const BlockTreeR
   // rows; more chunks than SMs put two teams on an SM (2xH200, seed size, 1090 columns, ms per 100 steps:
   // 2.75 with 16-column chunks, 69 teams; 2.96 with 32, 35 teams; 2.91 with 8, 137; docs/benchmarks.md).
   // DPMLP_PEER_COLUMNS=<power of two> sets the width instead, where it fits (measurements).
-  const int sms = tensor_device().sms;
+  const int sms = std::max(1, tensor_device().sms);
   const auto chunks_of = [&](int c) { return (r.width() + c - 1) / c; };
-  if (cols > 0) {
-    int asked = 0;
-    if (const char* v = std::getenv("DPMLP_PEER_COLUMNS")) asked = std::atoi(v);
-    if (asked > 0 && (asked & (asked - 1)) == 0 && asked <= cols) {
-      cols = asked;
-    } else {
-      while (cols > 1 && chunks_of(cols / 2) <= std::int64_t(sms > 0 ? sms : 1)) cols /= 2;
-    }
+  const long long asked = peer_env_positive("DPMLP_PEER_COLUMNS");
+  if (asked > 0 && (asked & (asked - 1)) == 0 && asked <= cols) {
+    cols = static_cast<int>(asked);
+  } else {
+    while (cols > 1 && chunks_of(cols / 2) <= sms) cols /= 2;
   }
   // Every rank must cut the columns alike (flags are per chunk): the fewest any rank takes.
   int fewest = cols;
@@ -296,15 +303,11 @@ std::shared_ptr<PeerExchange> make_peer_exchange(MPI_Comm comm, const BlockTreeR
                          : "dpmlp: peer exchange: a rank's " + std::to_string(local_blocks) +
                                " blocks of partial sums do not fit a team's scratch even a column at a time; use "
                                "larger block_rows or no peer_exchange");
-  const int chunks = static_cast<int>(chunks_of(fewest > 0 ? fewest : 1));
-  long long timeout_s = 60;
-  if (const char* v = std::getenv("DPMLP_PEER_TIMEOUT_S")) {
-    char* end = nullptr;
-    const long long t = std::strtoll(v, &end, 10);
-    if (end != v && *end == '\0' && t > 0) timeout_s = t;
-  }
+  const int chunks = static_cast<int>(chunks_of(fewest));  // fewest > 0: agree threw otherwise
+  const long long timeout_env = peer_env_positive("DPMLP_PEER_TIMEOUT_S");
+  const long long timeout_s = timeout_env > 0 ? timeout_env : 60;
   const std::size_t data = 2 * std::size_t(plan.size()) * plan.slots() * r.width() * sizeof(Scalar);
-  return std::make_shared<PeerExchange>(comm, data, chunks, fewest, sms > 0 ? sms : 1, timeout_s * 1000000000LL);
+  return std::make_shared<PeerExchange>(comm, data, chunks, fewest, sms, timeout_s * 1000000000LL);
 }
 
 // One step's reduction through the exchange: the local subtrees of `partials` (local_blocks x width, left
