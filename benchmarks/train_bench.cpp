@@ -81,6 +81,7 @@ struct Timing {
   std::vector<float> params;
   double prep_ms = 0;
   dpmlp::Engine engine = dpmlp::Engine::layered;
+  int leaf_group = 1;  // blocks a leaf of the block tree
 };
 
 dpmlp::TrainerOptions trainer_options(const Options& o) {
@@ -108,6 +109,7 @@ Timing time_runs(MPI_Comm comm, const Options& o, int repeats, int warmup) {
   const auto data = seed::make(space, first.shard(), o.cols);
   t.prep_ms = data.prep_ms;
   t.engine = first.engine();
+  t.leaf_group = first.leaf_group();
   first.set_data(data.x, data.y);
   if (warmup > 0) first.train(warmup);
   for (int r = 0; r < repeats; ++r) {
@@ -163,12 +165,12 @@ int bench(const Options& o) {
   if (rank == 0) {
     std::printf("{\"bench\": \"dpmlp_train\", \"rows\": %lld, \"hidden\": %d, \"features\": %d, \"steps\": %d, "
                 "\"ranks\": %d, \"devices\": %d, \"platform\": \"%s\", \"space\": \"%s\", \"comm\": \"%s\", "
-                "\"reduction\": \"%s\", \"engine\": \"%s\", \"gemm\": \"%s\", \"graph\": %s, \"peer\": %s, \"repeats\": %d, \"warmup_steps\": %d, \"times_ms\": [",
+                "\"reduction\": \"%s\", \"engine\": \"%s\", \"gemm\": \"%s\", \"graph\": %s, \"peer\": %s, \"leaf_group\": %d, \"repeats\": %d, \"warmup_steps\": %d, \"times_ms\": [",
                 static_cast<long long>(o.rows), o.hidden, dpmlp::Standardizer::features(o.cols), o.steps, size,
                 devices, dpmlp::platform_name<ExecSpace>(), ExecSpace::name(), Comm::name(), o.reduction.c_str(),
                 dpmlp::engine_name(multi.engine),
                 multi.engine != dpmlp::Engine::layered ? "none" : dpmlp::linalg::backend_name(dpmlp::linalg::default_backend<ExecSpace>(o.reduction == "reproducible")),
-                o.graph ? "true" : "false", o.peer ? "true" : "false", o.repeats, o.warmup);
+                o.graph ? "true" : "false", o.peer ? "true" : "false", multi.leaf_group, o.repeats, o.warmup);
     for (std::size_t i = 0; i < multi.ms.size(); ++i) std::printf("%s%.3f", i ? ", " : "", multi.ms[i]);
     std::printf("], \"median_ms\": %.3f, \"prep_ms\": %.3f, \"first_loss\": %.6f, \"last_loss\": %.6f, "
                 "\"single_last_loss\": %.6f, \"max_dparam\": %.3e, \"check\": \"%s\"}\n",
@@ -196,8 +198,9 @@ int breakdown(const Options& o) {
   const auto data = seed::make(space, trainer.shard(), o.cols);
   trainer.set_data(data.x, data.y);
   // The trainer's engine, kernel included (the tensor engine picks its kernel from the global block count).
-  dpmlp::detail::BlockEngine<ExecSpace, float> engine(model, trainer.shard().rows(), trainer.block_rows(),
-                                                      trainer.gemm_backend(), trainer.engine(), trainer.shard().blocks);
+  dpmlp::detail::BlockEngine<ExecSpace, float> engine(
+      model, trainer.shard().rows(), trainer.block_rows(), trainer.gemm_backend(), trainer.engine(),
+      (o.rows + trainer.block_rows() - 1) / trainer.block_rows(), trainer.leaf_group());
   dpmlp::BlockTreeReducer<ExecSpace, float> reducer(trainer.plan(), engine.width(), topt.reduction);
   const int n = std::max(o.steps, 20);
   auto per_call_us = [&](auto&& f) {
@@ -244,11 +247,12 @@ int breakdown(const Options& o) {
   const double plain_us = step_us(false), graph_us = step_us(true);
   if (rank == 0) {
     std::printf("{\"bench\": \"dpmlp_breakdown\", \"rows\": %lld, \"hidden\": %d, \"ranks\": %d, \"comm\": \"%s\", "
-                "\"reduction\": \"%s\", \"peer\": %s, \"engine\": \"%s\", \"local_blocks\": %lld, \"width\": %lld, \"calls\": %d, "
+                "\"reduction\": \"%s\", \"peer\": %s, \"engine\": \"%s\", \"leaf_group\": %d, \"local_blocks\": %lld, \"width\": %lld, \"calls\": %d, "
                 "\"engine_us\": %.2f, \"reduce_local_us\": %.2f, \"reduce_us\": %.2f, \"combine_us\": %.2f, \"peer_us\": %.2f, "
                 "\"empty_launch_us\": %.2f, \"step_us\": %.2f, \"graph_step_us\": %.2f}\n",
                 static_cast<long long>(o.rows), o.hidden, size, Comm::name(), o.reduction.c_str(),
-                o.peer ? "true" : "false", dpmlp::engine_name(trainer.engine()), static_cast<long long>(trainer.shard().local_blocks()),
+                o.peer ? "true" : "false", dpmlp::engine_name(trainer.engine()), trainer.leaf_group(),
+                static_cast<long long>(trainer.shard().local_blocks()),
                 static_cast<long long>(engine.width()), n, engine_us, local_us, reduce_us, combine_us, peer_us, empty_us,
                 plain_us, graph_us);
     std::fflush(stdout);

@@ -8,7 +8,9 @@
 
 #include <Eigen/Dense>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -172,6 +174,84 @@ TEST_CASE("the tensor engine matches the fp64 reference where it runs, and is re
   for (const auto& pr : problems) {
     for (std::int64_t block : {std::int64_t(0), std::int64_t(16), std::int64_t(100), std::int64_t(1024)}) {
       check_against_reference(pr, block, dpmlp::Engine::tensor, gen);
+    }
+  }
+}
+
+// The register-resident tensor kernel, grouped (backend::mma_group): its CTA's teams take consecutive blocks
+// and sum each group of them in the block tree's shape before writing. Each grouped row must be, bit for bit,
+// the tree's node over the ungrouped rows of its blocks (a node the sum of its two halves, the left alone
+// where the right lies past the last block), for every hidden padding and output count the kernel takes,
+// with a short last block and a short last group.
+TEST_CASE("the grouped tensor kernel writes the block tree's nodes, bitwise", "[mlp][tensor]") {
+  using Engine = dpmlp::detail::BlockEngine<Space, float>;
+  struct Shape {
+    std::vector<int> widths;
+    dpmlp::Activation act;
+  };
+  const std::vector<Shape> shapes = {{{32, 32, 1}, dpmlp::Activation::relu},  {{20, 64, 1}, dpmlp::Activation::tanh},
+                                     {{32, 128, 3}, dpmlp::Activation::identity}, {{32, 32, 4}, dpmlp::Activation::relu},
+                                     {{7, 50, 2}, dpmlp::Activation::tanh}};
+  if (!Engine::tensor_unsupported(dpmlp::Mlp<float, Memory>({32, 32, 1})).empty()) {
+    // Elsewhere no engine takes a group: asking for one is refused.
+    dpmlp::Mlp<float, Memory> model({32, 32, 1});
+    CHECK(Engine::leaf_group(model, dpmlp::Engine::fused, 1 << 20, 1) == 1);
+    CHECK_THROWS_WITH(Engine(model, 100, 10, dpmlp::linalg::default_backend<Space>(true), dpmlp::Engine::fused, 0, 8),
+                      Catch::Contains("register-resident"));
+    return;
+  }
+  std::mt19937 gen(17);
+  const std::int64_t many = std::int64_t(1) << 20;  // global blocks: the register-resident kernel, grouped
+  for (const auto& sh : shapes) {
+    dpmlp::Mlp<float, Memory> model(sh.widths, sh.act);
+    model.init_jax(dpmlp::random::PRNGKey(5), 0.3f);
+    const int group = Engine::leaf_group(model, dpmlp::Engine::tensor, many, 1);
+    int hp = 32;
+    while (hp < sh.widths[1]) hp *= 2;
+    INFO("widths " << sh.widths[0] << "-" << sh.widths[1] << "-" << sh.widths[2] << ", group " << group);
+    if (Engine::tensor_kernel_for(model, dpmlp::Engine::tensor, many) != 1 || group == 1) {
+      WARN("the register-resident kernel does not run grouped here (its shared memory)");
+      continue;
+    }
+    CHECK(group == 8 / (hp / 32));
+    CHECK(Engine::leaf_group(model, dpmlp::Engine::tensor, 16, 1) == 1);  // too few blocks to fill the GPU
+    for (const std::int64_t block : {std::int64_t(64), std::int64_t(40)}) {
+      // 5 whole groups and 3 more blocks, the last short (17 rows of the block).
+      const std::int64_t rows = block * (5 * group + 2) + 17;
+      std::normal_distribution<float> nd(0.0f, 1.0f);
+      Kokkos::View<float**, Kokkos::LayoutRight, Memory> x("x", rows, sh.widths[0]), y("y", rows, sh.widths[2]);
+      auto hx = Kokkos::create_mirror_view(x);
+      auto hy = Kokkos::create_mirror_view(y);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        for (int i = 0; i < sh.widths[0]; ++i) hx(r, i) = nd(gen);
+        for (int o = 0; o < sh.widths[2]; ++o) hy(r, o) = nd(gen);
+      }
+      Kokkos::deep_copy(x, hx);
+      Kokkos::deep_copy(y, hy);
+      const auto gemm = dpmlp::linalg::default_backend<Space>(true);
+      Engine one(model, rows, block, gemm, dpmlp::Engine::tensor, many, 1);
+      Engine grouped(model, rows, block, gemm, dpmlp::Engine::tensor, many, group);
+      REQUIRE(one.tensor_kernel() == 1);
+      one.compute(Space(), x, y, 0.25f);
+      grouped.compute(Space(), x, y, 0.25f);
+      auto a = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), one.partials());
+      auto b = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), grouped.partials());
+      const std::int64_t blocks = one.blocks(), W = one.width();
+      REQUIRE(static_cast<std::int64_t>(b.extent(0)) == (blocks + group - 1) / group);
+      std::int64_t mismatches = 0;
+      for (std::int64_t sb = 0; sb < static_cast<std::int64_t>(b.extent(0)); ++sb) {
+        const std::int64_t m = std::min<std::int64_t>(group, blocks - sb * group);
+        for (std::int64_t c = 0; c < W; ++c) {
+          std::vector<float> v(group, 0.0f);
+          for (std::int64_t k = 0; k < m; ++k) v[k] = a(sb * group + k, c);
+          for (std::int64_t stride = 1; stride < group; stride *= 2) {
+            for (std::int64_t k = 0; k + stride < m; k += 2 * stride) v[k] += v[k + stride];
+          }
+          if (std::memcmp(&v[0], &b(sb, c), sizeof(float)) != 0) ++mismatches;
+        }
+      }
+      INFO("block " << block << ", rows " << rows);
+      CHECK(mismatches == 0);
     }
   }
 }

@@ -73,6 +73,10 @@ TEST_CASE("fused and tensor engines: bitwise the one-device parameters", "[train
       // 1024 blocks: on CUDA the tensor engine's register-resident kernel, at every rank count (the kernel is
       // chosen from the global block count; chosen from a rank's share, 2 ranks ran the other kernel).
       {{8, 16, 1}, dpmlp::Activation::relu, 16384, 16},
+      // On a GPU of 132 SMs the register-resident kernel groups its blocks (backend::mma_group) from 1056
+      // blocks a rank: 1500 blocks group at 1 rank and not at 2 (the same bits either way), 2500 at 1 and 2
+      // ranks (ranks own whole groups; the last group is short) and not at 3.
+      {{8, 16, 1}, dpmlp::Activation::relu, 24000, 16},  {{8, 16, 1}, dpmlp::Activation::tanh, 40000 - 7, 16},
   };
   for (const auto& c : cases) {
     for (const dpmlp::Engine engine : fused_engines(c.widths)) {  // tensor: CUDA only
@@ -298,9 +302,10 @@ TEST_CASE("peer exchange: bitwise the one-device parameters", "[trainer][peer]")
     std::vector<int> widths;
     std::int64_t rows, block;
   };
-  // Uneven shards, short last blocks, a tree of many levels (1024 blocks of 16) and a wide model.
+  // Uneven shards, short last blocks, a tree of many levels (1024 blocks of 16), a wide model, and 2500
+  // blocks, grouped by the register-resident kernel on a GPU of 132 SMs (the exchange over groups).
   const std::vector<Case> cases = {{{8, 16, 1}, 1000, 7}, {{8, 16, 1}, 1001, 100}, {{8, 16, 1}, 16384, 16},
-                                   {{40, 100, 3}, 523, 48}};
+                                   {{40, 100, 3}, 523, 48}, {{8, 16, 1}, 40000 - 7, 16}};
   for (const auto& c : cases) {
     std::vector<dpmlp::Engine> engines = fused_engines(c.widths);
     engines.push_back(dpmlp::Engine::layered);

@@ -243,10 +243,15 @@ class DataParallelTrainer {
     block_ = options.block_rows > 0
                  ? options.block_rows
                  : default_block_rows(global_rows, detail::BlockEngine<ExecSpace, Scalar>::sums_per_block(model));
-    plan_ = BlockTreePlan(global_rows, block_, comm_.rank(), comm_.size());
+    // The tree's leaves: groups of group_ blocks where the engine sums them itself (the same bits: a group is a
+    // subtree), so ranks own whole groups. Every rank must take the same group: the smallest of theirs.
+    const std::int64_t global_blocks = (global_rows + block_ - 1) / block_;
+    group_ = detail::BlockEngine<ExecSpace, Scalar>::leaf_group(model_, engine_kind, global_blocks, comm_.size());
+    detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &group_, 1, MPI_INT, MPI_MIN, c), "MPI_Allreduce");
+    plan_ = BlockTreePlan(global_rows, block_ * group_, comm_.rank(), comm_.size());
     gemm_ = options.gemm ? *options.gemm : linalg::default_backend<ExecSpace>(options.reduction == Reduction::reproducible);
     engine_ = detail::BlockEngine<ExecSpace, Scalar>(model_, plan_.shard().rows(), block_, gemm_, engine_kind,
-                                                     plan_.shard().blocks);
+                                                     global_blocks, group_);
     // Every rank must run the same engine (and tensor kernel): their sums differ in the last bits, so a mix
     // (ranks on different kinds of device) would silently break the bitwise reproducibility.
     {
@@ -293,11 +298,17 @@ class DataParallelTrainer {
     sync_parameters();
   }
 
+  // This rank's rows: whole leaves of the block tree (groups of leaf_group() blocks).
   const Shard& shard() const { return plan_.shard(); }
-  // The block tree of this shard layout (reproducible_row_sum takes it, to sum other row data alike).
+  // The block tree of this shard layout, over its leaves (reproducible_row_sum takes it, to sum other row data
+  // alike).
   const BlockTreePlan& plan() const { return plan_; }
   std::int64_t global_rows() const { return global_rows_; }
+  // Rows a block: the engine sums a block's rows, then the block tree the blocks.
   std::int64_t block_rows() const { return block_; }
+  // Blocks a leaf of the block tree holds: more than one where the engine sums the tree's first levels itself
+  // (the register-resident tensor kernel; the same bits). plan()'s blocks are block_rows() x leaf_group() rows.
+  int leaf_group() const { return group_; }
   linalg::Backend gemm_backend() const { return gemm_; }
   Engine engine() const { return engine_.engine(); }
   const TrainerOptions& options() const { return options_; }
@@ -611,6 +622,7 @@ class DataParallelTrainer {
   TrainerOptions options_;
   ExecSpace space_;
   std::int64_t global_rows_ = 0, block_ = 1, steps_done_ = 0;
+  int group_ = 1;  // blocks a leaf of plan_ holds
   BlockTreePlan plan_;
   linalg::Backend gemm_ = linalg::Backend::portable;
   detail::BlockEngine<ExecSpace, Scalar> engine_;
@@ -638,9 +650,12 @@ Scalar value_and_grad(const ExecSpace& space, const Mlp<Scalar, typename ExecSpa
   if (grad.extent(0) != model.num_params()) throw InputError("dpmlp::value_and_grad: grad has the wrong size");
   using engine_t = detail::BlockEngine<ExecSpace, Scalar>;
   const std::int64_t block = block_rows > 0 ? block_rows : default_block_rows(rows, engine_t::sums_per_block(model));
-  const BlockTreePlan plan(rows, block, 0, 1);
+  const Engine kind = engine_t::resolve_engine(model, engine);
+  const std::int64_t nblocks = (rows + block - 1) / block;
+  const int group = engine_t::leaf_group(model, kind, nblocks, 1);
+  const BlockTreePlan plan(rows, block * group, 0, 1);
   const auto backend = linalg::default_backend<ExecSpace>(true);
-  engine_t blocks(model, rows, block, backend, engine_t::resolve_engine(model, engine));
+  engine_t blocks(model, rows, block, backend, kind, nblocks, group);
   BlockTreeReducer<ExecSpace, Scalar> reducer(plan, blocks.width(), Reduction::reproducible);
   const Scalar inv = Scalar(1.0 / (static_cast<double>(rows) * model.outputs()));
   blocks.compute(space, x, y, inv);

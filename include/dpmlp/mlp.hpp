@@ -183,21 +183,19 @@ class BlockEngine {
   // engine: Engine::fused, tensor or layered (resolve_engine turns automatic into one of them).
   // global_blocks: the blocks of a step over every rank (0: this engine's own, one rank); the tensor engine
   // picks its kernel from it, so every rank count runs the same kernel.
+  // group: blocks a row of partials sums (leaf_group; 1: a row a block, the only value other engines take).
   BlockEngine(const Mlp<Scalar, memory_space>& model, std::int64_t rows, std::int64_t block, linalg::Backend gemm,
-              Engine engine = Engine::layered, std::int64_t global_blocks = 0)
-      : model_(model), rows_(rows), block_(block), gemm_(gemm), kind_(engine) {
+              Engine engine = Engine::layered, std::int64_t global_blocks = 0, int group = 1)
+      : model_(model), rows_(rows), block_(block), group_(group), gemm_(gemm), kind_(engine) {
     blocks_ = (rows + block - 1) / block;
-    (void)global_blocks;
-#if defined(KOKKOS_ENABLE_CUDA)
-    if constexpr (tensor_space) {
-      if (kind_ == Engine::tensor) {
-        tensor_kernel_ = static_cast<int>(backend::tensor_kernel_for(
-            model.inputs(), model.widths()[1], model.outputs(), global_blocks > 0 ? global_blocks : blocks_));
-      }
+    tensor_kernel_ = tensor_kernel_for(model, kind_, global_blocks > 0 ? global_blocks : blocks_);
+    if (group_ != 1 && tensor_kernel_ != 1) {
+      throw InputError("dpmlp: a group of " + std::to_string(group_) +
+                       " blocks a partial-sum row needs the tensor engine's register-resident kernel");
     }
-#endif
     width_ = sums_per_block(model);
-    partials_ = matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::partials"), blocks_, width_);
+    partials_ = matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::partials"),
+                       (blocks_ + group_ - 1) / group_, width_);
     if (kind_ == Engine::fused) layout_ = fused_layout(model);  // its shape is fixed now
     // The fused kernels keep their activations in team scratch.
     if (kind_ == Engine::fused || kind_ == Engine::tensor) return;
@@ -211,6 +209,35 @@ class BlockEngine {
     delta_[1] = matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::delta1"), rows, widest);
     row_scratch_ = Kokkos::View<Scalar*, memory_space>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::rows"),
                                                        rows);
+  }
+
+  // Which tensor kernel `engine` runs for this model at `global_blocks` blocks a step (tensor_kernel()'s code).
+  static int tensor_kernel_for(const Mlp<Scalar, memory_space>& model, Engine engine, std::int64_t global_blocks) {
+#if defined(KOKKOS_ENABLE_CUDA)
+    if constexpr (tensor_space) {
+      if (engine == Engine::tensor) {
+        return static_cast<int>(
+            backend::tensor_kernel_for(model.inputs(), model.widths()[1], model.outputs(), global_blocks));
+      }
+    }
+#endif
+    (void)model, (void)engine, (void)global_blocks;
+    return 0;
+  }
+  // How many consecutive blocks a row of this engine's partial sums holds (summed in the block tree's shape,
+  // so the same bits as a row a block) at `global_blocks` blocks a step over `ranks` ranks: more than one only
+  // for the register-resident tensor kernel (backend::mma_group). The block tree's leaves are then groups: the
+  // caller's BlockTreePlan takes blocks of block x group rows, the engine blocks of block rows.
+  static int leaf_group(const Mlp<Scalar, memory_space>& model, Engine engine, std::int64_t global_blocks, int ranks) {
+#if defined(KOKKOS_ENABLE_CUDA)
+    if constexpr (tensor_space) {
+      if (tensor_kernel_for(model, engine, global_blocks) == 1) {
+        return backend::mma_group(model.widths()[1], model.outputs(), global_blocks, ranks);
+      }
+    }
+#endif
+    (void)model, (void)engine, (void)global_blocks, (void)ranks;
+    return 1;
   }
 
   // Whether this space and scalar have a tensor engine at all (CUDA, float).
@@ -318,6 +345,7 @@ class BlockEngine {
 
   std::int64_t width() const { return width_; }
   std::int64_t blocks() const { return blocks_; }
+  int group() const { return group_; }
   Engine kind() const { return kind_; }
   // Which tensor kernel a step runs: 0 none (another engine), 1 register-resident, 2 warp-matrix.
   int tensor_kernel() const { return tensor_kernel_; }
@@ -341,8 +369,9 @@ class BlockEngine {
     }
   }
 
-  // Forward and backward: fills partials() with, per block, the gradient of scale * sum(residual^2) (in
-  // the parameter layout) and, in the last column, the plain sum of squared residuals.
+  // Forward and backward: fills partials() with, per block (per group of group() blocks), the gradient of
+  // scale * sum(residual^2) (in the parameter layout) and, in the last column, the plain sum of squared
+  // residuals.
   // window: the rows to learn from (a mini-batch), default all.
   void compute(const ExecSpace& space, const const_matrix& x, const const_matrix& y, Scalar scale,
                const RowWindow& window = RowWindow()) const {
@@ -485,6 +514,7 @@ class BlockEngine {
       p.rows = rows_;
       p.block = block_;
       p.blocks = blocks_;
+      p.group = group_;
       p.n_in = model_.inputs();
       p.H = model_.widths()[1];
       p.NO = model_.outputs();
@@ -570,6 +600,7 @@ class BlockEngine {
 
   Mlp<Scalar, memory_space> model_;
   std::int64_t rows_ = 0, block_ = 1, blocks_ = 0, width_ = 0;
+  int group_ = 1;  // blocks a row of partials_ sums
   linalg::Backend gemm_ = linalg::Backend::portable;
   Engine kind_ = Engine::layered;  // never automatic
   int tensor_kernel_ = 0;           // see tensor_kernel()

@@ -97,8 +97,11 @@ struct TensorProblem {
   const float* x = nullptr;  // rows x n_in, row-major
   const float* y = nullptr;  // rows x NO, row-major
   const float* params = nullptr;
-  float* partials = nullptr;  // blocks x ld; the last column takes the sum of squared residuals
+  float* partials = nullptr;  // ceil(blocks / group) x ld; the last column takes the sum of squared residuals
   std::int64_t ld = 0, rows = 0, block = 0, blocks = 0;
+  // Blocks a row of partials sums (a power of two; the register-resident kernel only, see mma_group): the
+  // block tree's first levels, summed in the kernel. 1: a row a block.
+  int group = 1;
   int n_in = 0, H = 0, NO = 1;
   std::int64_t w0off = 0, b0off = 0, w1off = 0, b1off = 0;
   float scale = 1;
@@ -487,12 +490,14 @@ inline constexpr int mma_stages = 3;       // x batches a team keeps in flight
 
 // Shared memory of the register-resident kernel, in bytes: per team, mma_stages x batches (32 x 36 floats:
 // rows padded by 4 make both fragment reads conflict-free) and the output exchange (WH x 32 x no); the split
-// W0^T fragments (hp x 32 x 2); and, per thread of the 256, two parked arrays of 32 floats (the gW0^T
-// accumulators and the next batch's pre-activations, between their uses).
-inline std::size_t mma_scratch_bytes(int hp, int no) {
+// W0^T fragments (hp x 32 x 2); per thread of the 256, two parked arrays of 32 floats (the gW0^T
+// accumulators and the next batch's pre-activations, between their uses); and, when grouped (mma_group),
+// each team's block sums (32 hp + hp + hp no + no + 1 floats), which the group's teams add up.
+inline std::size_t mma_scratch_bytes(int hp, int no, bool grouped = false) {
   const std::size_t wh = hp / 32, teams = 8 / wh, parked = 2 * 256 * 32;
+  const std::size_t staged = grouped ? teams * (std::size_t(33 + no) * hp + no + 1) : 0;
   return (teams * mma_stages * mma_batch_rows * 36 + teams * wh * mma_batch_rows * no + std::size_t(hp) * 32 * 2 +
-          parked) *
+          parked + staged) *
              sizeof(float) +
          128;
 }
@@ -517,7 +522,7 @@ struct TensorMmaKernel : TensorProblem {
 
   bool vec16 = false;  // x rows can be copied 16 bytes at a time
 
-  std::size_t scratch_bytes() const { return mma_scratch_bytes(HP, NOC); }
+  std::size_t scratch_bytes() const { return mma_scratch_bytes(HP, NOC, group > 1); }
 
 #if defined(__CUDACC__)
   // hi: v rounded to TF32 (to nearest, ties away, as cvt.rna: an integer add and a mask, where cvt.rna costs
@@ -621,8 +626,11 @@ struct TensorMmaKernel : TensorProblem {
   __device__ void run_as(char* smem) const {
     const int t = static_cast<int>(threadIdx.x), warp = t / 32, lane = t % 32, g = lane / 4, tg = lane % 4;
     const int team = warp / WH, wh = warp % WH, tl = t - team * WH * 32;  // tl: thread in the team
-    // Team-major: a step with fewer blocks than teams spreads them over the CTAs (one SM each) first.
-    const std::int64_t nteams = std::int64_t(gridDim.x) * WR, first = std::int64_t(team) * gridDim.x + blockIdx.x;
+    // Team-major: a step with fewer blocks than teams spreads them over the CTAs (one SM each) first. Grouped,
+    // CTA-major: a group's blocks are its CTA's, taken at once by consecutive teams.
+    const std::int64_t nteams = std::int64_t(gridDim.x) * WR;
+    const std::int64_t first =
+        group > 1 ? std::int64_t(blockIdx.x) * WR + team : std::int64_t(team) * gridDim.x + blockIdx.x;
 
     float* const base = align_shared_128(smem);
     float* const xbuf = base + team * ST * RB * LDX;
@@ -633,6 +641,8 @@ struct TensorMmaKernel : TensorProblem {
     // its forward and its output phase: [chunk][thread][4] each, conflict-free.
     float* const gwp = w0f + HP * NI * 2 + 4 * t;
     float* const zp = gwp + MT * FT * T * 4;
+    // Grouped: each team's block sums, [team][ld], for the group's combine.
+    float* const stage = w0f + HP * NI * 2 + 2 * T * 32;
 #pragma unroll
     for (int c = 0; c < MT * FT; ++c) *reinterpret_cast<float4*>(gwp + c * T * 4) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
@@ -690,7 +700,7 @@ struct TensorMmaKernel : TensorProblem {
       forward(z, xbuf, w0f, s, wh, lane, g, tg);
       park(zp, z);
     }
-    while (s.cb < blocks) batch<A>(s, xbuf, part, w0f, gwp, zp, nteams, team, wh, lane, g, tg, tl);
+    while (s.cb < blocks) batch<A>(s, xbuf, part, w0f, gwp, zp, stage, nteams, team, wh, lane, g, tg, tl);
     asm volatile("cp.async.wait_all;" ::: "memory");
   }
 
@@ -786,7 +796,7 @@ struct TensorMmaKernel : TensorProblem {
   // forward MMAs (independent of them) run; then this batch's deltas and backward MMAs. This batch's
   // pre-activations come from zp (the previous call's forward), the next batch's go there.
   template <Activation A>
-  __device__ void batch(Step& s, float* xbuf, float* part, const float* w0f, float* gwp, float* zp,
+  __device__ void batch(Step& s, float* xbuf, float* part, const float* w0f, float* gwp, float* zp, float* stage,
                         std::int64_t nteams, int team, int wh, int lane, int g, int tg, int tl) const {
     const std::int64_t nrows = block_rows(s.cb);
     const int n = nrows - s.ck * RB < RB ? static_cast<int>(nrows - s.ck * RB) : RB;
@@ -916,7 +926,10 @@ struct TensorMmaKernel : TensorProblem {
       }
       mma3(gw, ah, al, bh, bl);
     }
-    if ((s.ck + 1) * RB >= nrows) finish_block(s, gw, wh, lane, g, tg);
+    if ((s.ck + 1) * RB >= nrows) {
+      finish_block(s, gw, group > 1 ? stage + team * ld : partials + s.cb * ld, wh, lane, g, tg);
+      if (group > 1) combine_group(s.cb, team, stage);
+    }
     park(gwp, gw);
     // On to the next batch.
     s.cb = s.nb, s.ck = s.nk;
@@ -928,9 +941,10 @@ struct TensorMmaKernel : TensorProblem {
   }
 
   // The block's end: the b0 and W1 sums over t (lane bits 0..1: the thread's rows of the same unit), b1 and
-  // the loss over the lanes (rows), by butterflies; each warp writes its slice of the block's sums, which are
-  // then cleared for the team's next block.
-  __device__ void finish_block(Step& s, float (&gw)[MT][FT][4], int wh, int lane, int g, int tg) const {
+  // the loss over the lanes (rows), by butterflies; each warp writes its slice of the block's sums to out (the
+  // block's row of partials, or grouped its team's row of the stage), which are then cleared for the team's
+  // next block.
+  __device__ void finish_block(Step& s, float (&gw)[MT][FT][4], float* out, int wh, int lane, int g, int tg) const {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -950,7 +964,6 @@ struct TensorMmaKernel : TensorProblem {
 #pragma unroll
       for (int m = 16; m >= 1; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
     }
-    float* const out = partials + s.cb * ld;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -982,6 +995,36 @@ struct TensorMmaKernel : TensorProblem {
       out[ld - 1] = s.lsum;
     }
     s.clear();
+  }
+
+  // Grouped: the group of block b (its teams hold blocks group * (b / group) + k, k < m, in the stage) meets at
+  // its own named barrier, and its threads sum each column over the group's blocks in the block tree's shape
+  // (level by level, a node the sum of its two halves, or its left half alone where the right lies past the
+  // last block: BlockTreeReducer's pairs in its order, so the same bits as summing the rows of a block each),
+  // into row b / group of partials. A second meeting keeps the stage until every thread has read it.
+  __device__ void combine_group(std::int64_t b, int team, const float* stage) const {
+    const int gi = team / group, lead = gi * group;
+    const std::int64_t sb = b / group, left = blocks - sb * group;
+    const int m = left < group ? static_cast<int>(left) : group;  // the group's blocks (fewer only at the end)
+    const int count = m * WH * 32, me = static_cast<int>(threadIdx.x) - lead * WH * 32;
+    // Barrier ids: 0 is __syncthreads, 1..WR the teams' (team_sync, WH > 1: WR <= 4), 8 + gi the groups'.
+    asm volatile("bar.sync %0, %1;" ::"r"(8 + gi), "r"(count) : "memory");
+    const float* const src = stage + lead * ld;
+    float* const out = partials + sb * ld;
+    for (std::int64_t p = me; p < ld; p += count) {
+      float v[WR];
+#pragma unroll
+      for (int k = 0; k < WR; ++k) v[k] = k < m ? src[k * ld + p] : 0.0f;
+#pragma unroll
+      for (int stride = 1; stride < WR; stride *= 2) {
+#pragma unroll
+        for (int k = 0; k + stride < WR; k += 2 * stride) {
+          if (k + stride < m) v[k] += v[k + stride];
+        }
+      }
+      out[p] = v[0];
+    }
+    asm volatile("bar.sync %0, %1;" ::"r"(8 + gi), "r"(count) : "memory");
   }
 #endif  // __CUDACC__
 };
@@ -1026,10 +1069,12 @@ inline void launch_tensor_mma(const Kokkos::Cuda& space, const TensorProblem& p)
 #if defined(__CUDACC__)
   // Once a process: the opt-in to the kernel's dynamic shared memory (above 48 KB), the shared-memory carveout
   // that lets two CTAs share an SM, and how many CTAs an SM then holds.
+  // The opt-in covers the grouped layout where it fits (mma_group asks for it only then).
   static const int resident = [&] {
     auto* const fn = fused_tensor_mma<HP, NOC>;
-    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(k.scratch_bytes()));
+    const std::size_t grouped = mma_scratch_bytes(HP, NOC, true);
+    const std::size_t most = grouped <= static_cast<std::size_t>(tensor_device().smem_optin) ? grouped : k.scratch_bytes();
+    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most));
     if (e == cudaSuccess) {
       e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
     }
@@ -1040,10 +1085,11 @@ inline void launch_tensor_mma(const Kokkos::Cuda& space, const TensorProblem& p)
   }();
   // A persistent grid: as many CTAs as the SMs hold at once, each team looping over blocks; with fewer blocks
   // than teams, enough CTAs for the blocks, but at least one an SM while there are blocks for them (the
-  // team-major order then gives each SM a block before any SM a second).
+  // team-major order then gives each SM a block before any SM a second). Grouped (CTA-major), a CTA a WR
+  // blocks.
   const std::int64_t sms = tensor_device().sms > 0 ? tensor_device().sms : 1, slots = sms * resident;
   std::int64_t grid64 = (p.blocks + kernel_t::WR - 1) / kernel_t::WR;
-  if (grid64 < sms) grid64 = p.blocks < sms ? p.blocks : sms;
+  if (grid64 < sms && p.group == 1) grid64 = p.blocks < sms ? p.blocks : sms;
   const auto grid = static_cast<unsigned>(grid64 < slots ? grid64 : slots);
   fused_tensor_mma<HP, NOC><<<grid, kernel_t::T, k.scratch_bytes(), space.cuda_stream()>>>(k);
   const cudaError_t launched = cudaPeekAtLastError();
@@ -1079,6 +1125,26 @@ inline TensorKernel tensor_kernel_for(int inputs, int hidden, int outputs, std::
   return TensorKernel::none;
 }
 
+// How many blocks a row of the register-resident kernel's partial sums holds, for a model of this shape whose
+// steps have `global_blocks` blocks over `ranks` ranks: its WR = 8 / (hp / 32) teams a CTA (32 to 128 hidden
+// units) take WR consecutive blocks at once and sum them in the block tree's shape before writing (the
+// tree's first levels, in shared memory), so the partial sums and the tree over them are WR times smaller.
+// The sums are the same bits either way (a group is a subtree); what changes is the layout: ranks then own
+// whole groups (the trainer's plan has blocks of block_rows x group rows), so the value must be the same on
+// every rank (the trainer takes the smallest). Only where every team of every SM has a block (fewer blocks:
+// the team-major order spreads them over more SMs) and the staged sums fit the shared memory.
+// 1M x 32 on 2xH200: docs/benchmarks.md. DPMLP_MMA_GROUP=1 turns it off (measurements).
+inline int mma_group(int hidden, int outputs, std::int64_t global_blocks, int ranks) {
+  static const bool off = [] {
+    const char* v = std::getenv("DPMLP_MMA_GROUP");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  const int hp = tensor_hp(hidden), wr = 8 / (hp / 32), no = outputs == 1 ? 1 : 4;
+  if (off || wr == 1 || mma_scratch_bytes(hp, no, true) > static_cast<std::size_t>(tensor_device().smem_optin)) return 1;
+  const std::int64_t sms = tensor_device().sms > 0 ? tensor_device().sms : 1;
+  return global_blocks >= std::int64_t(ranks > 0 ? ranks : 1) * sms * wr ? wr : 1;
+}
+
 // The reason the tensor engine cannot run this one-hidden-layer model here, or "".
 inline std::string tensor_unsupported(int inputs, int hidden, int outputs) {
   const std::string why = tensor_cores_unavailable();
@@ -1095,6 +1161,10 @@ inline std::string tensor_unsupported(int inputs, int hidden, int outputs) {
 inline void compute_tensor(const Kokkos::Cuda& space, const TensorProblem& p) {
   if (p.rows == 0 || p.blocks == 0) return;
   const TensorKernel kernel = p.kernel != TensorKernel::none ? p.kernel : tensor_kernel_for(p.n_in, p.H, p.NO, p.blocks);
+  if (p.group != 1 && (kernel != TensorKernel::mma || p.group > 8 / (tensor_hp(p.H) / 32) || (p.group & (p.group - 1)))) {
+    throw Error("dpmlp: tensor engine: a group of " + std::to_string(p.group) + " blocks a partial-sum row, which " +
+                "only the register-resident kernel takes, up to 8 / (hidden / 32) (a power of two)");
+  }
   const bool narrow = tensor_ni(p.n_in) == 32;
   const auto launch = [&](auto hp) {
     constexpr int HP = decltype(hp)::value;
