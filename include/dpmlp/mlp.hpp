@@ -514,7 +514,6 @@ class BlockEngine {
       p.rows = rows_;
       p.block = block_;
       p.blocks = blocks_;
-      p.group = group_;
       p.n_in = model_.inputs();
       p.H = model_.widths()[1];
       p.NO = model_.outputs();
@@ -526,7 +525,7 @@ class BlockEngine {
       p.act = model_.activation();
       p.window = window;
       p.kernel = static_cast<backend::TensorKernel>(tensor_kernel_);
-      backend::compute_tensor(space, p);
+      backend::compute_tensor(space, p, group_);
       return;
     }
 #endif

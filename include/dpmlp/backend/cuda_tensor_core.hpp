@@ -97,11 +97,8 @@ struct TensorProblem {
   const float* x = nullptr;  // rows x n_in, row-major
   const float* y = nullptr;  // rows x NO, row-major
   const float* params = nullptr;
-  float* partials = nullptr;  // ceil(blocks / group) x ld; the last column takes the sum of squared residuals
+  float* partials = nullptr;  // ceil(blocks / group) x ld (compute_tensor's group); the last column: sum of r^2
   std::int64_t ld = 0, rows = 0, block = 0, blocks = 0;
-  // Blocks a row of partials sums (a power of two; the register-resident kernel only, see mma_group): the
-  // block tree's first levels, summed in the kernel. 1: a row a block.
-  int group = 1;
   int n_in = 0, H = 0, NO = 1;
   std::int64_t w0off = 0, b0off = 0, w1off = 0, b1off = 0;
   float scale = 1;
@@ -478,7 +475,9 @@ inline void launch_tensor(const Kokkos::Cuda& space, const TensorProblem& p) {
 // warps has WR = 8 / WH teams. A team takes whole reduction blocks (team-major: team t of CTA c takes block
 // t * CTAs + c, then every teams-th after it), 32 rows at a time (four 8-row MMA tiles), and writes each
 // block's sums itself: a block's partial sums depend on its rows and the widths only (rank-count
-// reproducible), and teams never wait for each other.
+// reproducible), and teams never wait for each other. Grouped (mma_group: enough blocks to fill every team),
+// a CTA's teams take WR consecutive blocks instead, stage their sums in shared memory and meet to add them up
+// in the block tree's shape, one row of partials a CTA's round (combine_group).
 // Pipelining: the warps of a team meet at a barrier twice a batch (the output sums cross warps), so without
 // it every warp of an SM would run its MMAs at the same time and its SIMT phases at the same time. Instead a
 // batch's output phase (SIMT) runs alongside the next batch's forward MMAs, which do not depend on it; the
@@ -502,9 +501,22 @@ inline std::size_t mma_scratch_bytes(int hp, int no, bool grouped = false) {
          128;
 }
 
+// The register-resident kernel's group (mma_group): a field where it can group (more than one team a CTA),
+// else the constant 1, so the 256-hidden kernel's parameters and code stay those it was tuned with (any
+// change there moved its registers and its time: 4M x 256, one H200, 297.7 -> 304.2 ms per 100 steps).
+template <bool On>
+struct MmaGroupField {
+  int group = 1;
+};
+template <>
+struct MmaGroupField<false> {
+  static constexpr int group = 1;
+};
+
 // HP: padded hidden units (32..256); NOC: the most outputs this instantiation handles (1 or 4).
 template <int HP, int NOC>
-struct TensorMmaKernel : TensorProblem {
+struct TensorMmaKernel : TensorProblem, MmaGroupField<(HP < 256)> {
+  using MmaGroupField<(HP < 256)>::group;
   static constexpr int NI = 32, T = 256, RB = mma_batch_rows, NB = RB / 8, KT = NI / 8, FT = NI / 8, MT = 2;
   static constexpr int WH = HP / 32, WR = 8 / WH, LDX = NI + 4, ST = mma_stages;
   // One CTA an SM (255 registers a thread). DPMLP_TENSOR_MMA_MIN_BLOCKS=2 asks for two where their shared
@@ -517,6 +529,9 @@ struct TensorMmaKernel : TensorProblem {
 #endif
   static_assert(HP == 32 || HP == 64 || HP == 128 || HP == 256, "HP: 32, 64, 128 or 256");
   static_assert(NOC == 1 || NOC == 4, "NOC: 1 or 4");
+  // Whether this instantiation has the grouped path (mma_group): with one team a CTA there is nothing to group.
+  static constexpr bool GROUPS = WR > 1;
+  static_assert(GROUPS == (HP < 256), "MmaGroupField: a group field where there are teams to group");
   static_assert(T == 256 && MT * FT * 4 == 32 && MT * NB * 4 == 32,
                 "mma_scratch_bytes parks two arrays of 32 floats for each of 256 threads");
 
@@ -627,10 +642,12 @@ struct TensorMmaKernel : TensorProblem {
     const int t = static_cast<int>(threadIdx.x), warp = t / 32, lane = t % 32, g = lane / 4, tg = lane % 4;
     const int team = warp / WH, wh = warp % WH, tl = t - team * WH * 32;  // tl: thread in the team
     // Team-major: a step with fewer blocks than teams spreads them over the CTAs (one SM each) first. Grouped,
-    // CTA-major: a group's blocks are its CTA's, taken at once by consecutive teams.
+    // CTA-major: a group's WR blocks are its CTA's, taken at once by its teams.
     const std::int64_t nteams = std::int64_t(gridDim.x) * WR;
-    const std::int64_t first =
-        group > 1 ? std::int64_t(blockIdx.x) * WR + team : std::int64_t(team) * gridDim.x + blockIdx.x;
+    std::int64_t first = std::int64_t(team) * gridDim.x + blockIdx.x;
+    if constexpr (GROUPS) {
+      if (group > 1) first = std::int64_t(blockIdx.x) * WR + team;
+    }
 
     float* const base = align_shared_128(smem);
     float* const xbuf = base + team * ST * RB * LDX;
@@ -641,8 +658,6 @@ struct TensorMmaKernel : TensorProblem {
     // its forward and its output phase: [chunk][thread][4] each, conflict-free.
     float* const gwp = w0f + HP * NI * 2 + 4 * t;
     float* const zp = gwp + MT * FT * T * 4;
-    // Grouped: each team's block sums, [team][ld], for the group's combine.
-    float* const stage = w0f + HP * NI * 2 + 2 * T * 32;
 #pragma unroll
     for (int c = 0; c < MT * FT; ++c) *reinterpret_cast<float4*>(gwp + c * T * 4) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
@@ -700,7 +715,7 @@ struct TensorMmaKernel : TensorProblem {
       forward(z, xbuf, w0f, s, wh, lane, g, tg);
       park(zp, z);
     }
-    while (s.cb < blocks) batch<A>(s, xbuf, part, w0f, gwp, zp, stage, nteams, team, wh, lane, g, tg, tl);
+    while (s.cb < blocks) batch<A>(s, xbuf, part, w0f, gwp, zp, nteams, team, wh, lane, g, tg, tl);
     asm volatile("cp.async.wait_all;" ::: "memory");
   }
 
@@ -796,7 +811,7 @@ struct TensorMmaKernel : TensorProblem {
   // forward MMAs (independent of them) run; then this batch's deltas and backward MMAs. This batch's
   // pre-activations come from zp (the previous call's forward), the next batch's go there.
   template <Activation A>
-  __device__ void batch(Step& s, float* xbuf, float* part, const float* w0f, float* gwp, float* zp, float* stage,
+  __device__ void batch(Step& s, float* xbuf, float* part, const float* w0f, float* gwp, float* zp,
                         std::int64_t nteams, int team, int wh, int lane, int g, int tg, int tl) const {
     const std::int64_t nrows = block_rows(s.cb);
     const int n = nrows - s.ck * RB < RB ? static_cast<int>(nrows - s.ck * RB) : RB;
@@ -927,8 +942,23 @@ struct TensorMmaKernel : TensorProblem {
       mma3(gw, ah, al, bh, bl);
     }
     if ((s.ck + 1) * RB >= nrows) {
-      finish_block(s, gw, group > 1 ? stage + team * ld : partials + s.cb * ld, wh, lane, g, tg);
-      if (group > 1) combine_group(s.cb, team, stage);
+      if constexpr (GROUPS) {
+        if (group > 1) {
+          // Grouped: the block's sums go to the team's row of the stage (after the parked arrays; zp is this
+          // thread's slot of the second), then the group adds them up. The thread index through a volatile
+          // asm: with threadIdx.x the compiler hoisted these addresses out of the batch loop, registers live
+          // across it, and ptxas spilled (136 bytes at 32 hidden units; none this way, sm_90 -Xptxas -v).
+          unsigned tid;
+          asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+          float* const stage = zp + MT * NB * T * 4 - 4 * static_cast<int>(tid);
+          finish_block<true>(s, gw, wh, lane, g, tg, stage + (static_cast<int>(tid) / (32 * WH)) * static_cast<int>(ld));
+          combine_group(s.cb, stage);
+        } else {
+          finish_block(s, gw, wh, lane, g, tg);
+        }
+      } else {
+        finish_block(s, gw, wh, lane, g, tg);
+      }
     }
     park(gwp, gw);
     // On to the next batch.
@@ -941,10 +971,12 @@ struct TensorMmaKernel : TensorProblem {
   }
 
   // The block's end: the b0 and W1 sums over t (lane bits 0..1: the thread's rows of the same unit), b1 and
-  // the loss over the lanes (rows), by butterflies; each warp writes its slice of the block's sums to out (the
-  // block's row of partials, or grouped its team's row of the stage), which are then cleared for the team's
-  // next block.
-  __device__ void finish_block(Step& s, float (&gw)[MT][FT][4], float* out, int wh, int lane, int g, int tg) const {
+  // the loss over the lanes (rows), by butterflies; each warp writes its slice of the block's sums (to the
+  // block's row of partials, or Staged to its team's row of the stage, srow), which are then cleared for the
+  // team's next block.
+  template <bool Staged = false>
+  __device__ void finish_block(Step& s, float (&gw)[MT][FT][4], int wh, int lane, int g, int tg,
+                               float* srow = nullptr) const {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -963,6 +995,13 @@ struct TensorMmaKernel : TensorProblem {
       float& v = o < NOC ? s.gl[o] : s.lsum;
 #pragma unroll
       for (int m = 16; m >= 1; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
+    }
+    float* out;
+    if constexpr (Staged) {
+      out = srow;
+    } else {
+      (void)srow;
+      out = partials + s.cb * ld;
     }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -997,24 +1036,26 @@ struct TensorMmaKernel : TensorProblem {
     s.clear();
   }
 
-  // Grouped: the group of block b (its teams hold blocks group * (b / group) + k, k < m, in the stage) meets at
-  // its own named barrier, and its threads sum each column over the group's blocks in the block tree's shape
-  // (level by level, a node the sum of its two halves, or its left half alone where the right lies past the
-  // last block: BlockTreeReducer's pairs in its order, so the same bits as summing the rows of a block each),
-  // into row b / group of partials. A second meeting keeps the stage until every thread has read it.
-  __device__ void combine_group(std::int64_t b, int team, const float* stage) const {
-    const int gi = team / group, lead = gi * group;
-    const std::int64_t sb = b / group, left = blocks - sb * group;
-    const int m = left < group ? static_cast<int>(left) : group;  // the group's blocks (fewer only at the end)
-    const int count = m * WH * 32, me = static_cast<int>(threadIdx.x) - lead * WH * 32;
-    // Barrier ids: 0 is __syncthreads, 1..WR the teams' (team_sync, WH > 1: WR <= 4), 8 + gi the groups'.
-    asm volatile("bar.sync %0, %1;" ::"r"(8 + gi), "r"(count) : "memory");
-    const float* const src = stage + lead * ld;
+  // Grouped (group == WR: a CTA's teams are one group): the CTA's teams hold blocks WR * (b / WR) + k, k < m,
+  // in the stage; they meet at a named barrier, and their threads sum each column over the group's blocks in
+  // the block tree's shape (level by level, a node the sum of its two halves, or its left half alone where
+  // the right lies past the last block: BlockTreeReducer's pairs in its order, so the same bits as a row a
+  // block) into row b / WR of partials. A second meeting keeps the stage until every thread has read it.
+  // (Tried instead: the last team to arrive sums alone while the others go on, counters in shared memory:
+  // the engine 14% slower at 1M x 32, one H200.)
+  __device__ void combine_group(std::int64_t b, const float* stage) const {
+    const std::int64_t sb = b / WR, left = blocks - sb * WR;
+    const int m = left < WR ? static_cast<int>(left) : WR;  // the group's blocks (fewer only at the end)
+    unsigned tid;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+    const int count = m * WH * 32;
+    // Barrier ids: 0 is __syncthreads, 1..WR the teams' (team_sync, WH > 1: WR <= 4), 15 the group's.
+    asm volatile("bar.sync 15, %0;" ::"r"(count) : "memory");
     float* const out = partials + sb * ld;
-    for (std::int64_t p = me; p < ld; p += count) {
+    for (int p = static_cast<int>(tid); p < ld; p += count) {
       float v[WR];
 #pragma unroll
-      for (int k = 0; k < WR; ++k) v[k] = k < m ? src[k * ld + p] : 0.0f;
+      for (int k = 0; k < WR; ++k) v[k] = k < m ? stage[k * ld + p] : 0.0f;
 #pragma unroll
       for (int stride = 1; stride < WR; stride *= 2) {
 #pragma unroll
@@ -1024,8 +1065,9 @@ struct TensorMmaKernel : TensorProblem {
       }
       out[p] = v[0];
     }
-    asm volatile("bar.sync %0, %1;" ::"r"(8 + gi), "r"(count) : "memory");
+    asm volatile("bar.sync 15, %0;" ::"r"(count) : "memory");
   }
+
 #endif  // __CUDACC__
 };
 
@@ -1062,9 +1104,10 @@ inline const TensorDevice& tensor_device() {
 }
 
 template <int HP, int NOC>
-inline void launch_tensor_mma(const Kokkos::Cuda& space, const TensorProblem& p) {
+inline void launch_tensor_mma(const Kokkos::Cuda& space, const TensorProblem& p, int group) {
   using kernel_t = TensorMmaKernel<HP, NOC>;
   kernel_t k{p};
+  if constexpr (kernel_t::GROUPS) k.group = group;
   k.vec16 = p.n_in % 4 == 0 && reinterpret_cast<std::uintptr_t>(p.x) % 16 == 0;
 #if defined(__CUDACC__)
   // Once a process: the opt-in to the kernel's dynamic shared memory (above 48 KB), the shared-memory carveout
@@ -1072,7 +1115,7 @@ inline void launch_tensor_mma(const Kokkos::Cuda& space, const TensorProblem& p)
   // The opt-in covers the grouped layout where it fits (mma_group asks for it only then).
   static const int resident = [&] {
     auto* const fn = fused_tensor_mma<HP, NOC>;
-    const std::size_t grouped = mma_scratch_bytes(HP, NOC, true);
+    const std::size_t grouped = mma_scratch_bytes(HP, NOC, kernel_t::GROUPS);
     const std::size_t most = grouped <= static_cast<std::size_t>(tensor_device().smem_optin) ? grouped : k.scratch_bytes();
     cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most));
     if (e == cudaSuccess) {
@@ -1089,7 +1132,7 @@ inline void launch_tensor_mma(const Kokkos::Cuda& space, const TensorProblem& p)
   // blocks.
   const std::int64_t sms = tensor_device().sms > 0 ? tensor_device().sms : 1, slots = sms * resident;
   std::int64_t grid64 = (p.blocks + kernel_t::WR - 1) / kernel_t::WR;
-  if (grid64 < sms && p.group == 1) grid64 = p.blocks < sms ? p.blocks : sms;
+  if (grid64 < sms && group == 1) grid64 = p.blocks < sms ? p.blocks : sms;
   const auto grid = static_cast<unsigned>(grid64 < slots ? grid64 : slots);
   fused_tensor_mma<HP, NOC><<<grid, kernel_t::T, k.scratch_bytes(), space.cuda_stream()>>>(k);
   const cudaError_t launched = cudaPeekAtLastError();
@@ -1132,15 +1175,20 @@ inline TensorKernel tensor_kernel_for(int inputs, int hidden, int outputs, std::
 // The sums are the same bits either way (a group is a subtree); what changes is the layout: ranks then own
 // whole groups (the trainer's plan has blocks of block_rows x group rows), so the value must be the same on
 // every rank (the trainer takes the smallest). Only where every team of every SM has a block (fewer blocks:
-// the team-major order spreads them over more SMs) and the staged sums fit the shared memory.
-// 1M x 32 on 2xH200: docs/benchmarks.md. DPMLP_MMA_GROUP=1 turns it off (measurements).
+// the team-major order spreads them over more SMs) and the staged sums fit the shared memory. One output
+// only: compute-sanitizer's racecheck reported shared-memory hazards between the staging and the combine in
+// the four-output instantiation at 64 hidden units (not at 32 or 128, nor at one output), which were not
+// explained; those models keep a row a block. 1M x 32 on 2xH200: docs/benchmarks.md. DPMLP_MMA_GROUP=1
+// turns it off (measurements).
 inline int mma_group(int hidden, int outputs, std::int64_t global_blocks, int ranks) {
   static const bool off = [] {
     const char* v = std::getenv("DPMLP_MMA_GROUP");
     return v != nullptr && std::string(v) == "1";
   }();
   const int hp = tensor_hp(hidden), wr = 8 / (hp / 32), no = outputs == 1 ? 1 : 4;
-  if (off || wr == 1 || mma_scratch_bytes(hp, no, true) > static_cast<std::size_t>(tensor_device().smem_optin)) return 1;
+  if (off || wr == 1 || outputs != 1 || mma_scratch_bytes(hp, no, true) > static_cast<std::size_t>(tensor_device().smem_optin)) {
+    return 1;
+  }
   const std::int64_t sms = tensor_device().sms > 0 ? tensor_device().sms : 1;
   return global_blocks >= std::int64_t(ranks > 0 ? ranks : 1) * sms * wr ? wr : 1;
 }
@@ -1158,19 +1206,20 @@ inline std::string tensor_unsupported(int inputs, int hidden, int outputs) {
 }
 
 // One step's per-block partial sums on tensor cores: the kernel instantiated for the model's padded shape.
-inline void compute_tensor(const Kokkos::Cuda& space, const TensorProblem& p) {
+// group: blocks a row of partials sums (1, or mma_group's value for the register-resident kernel).
+inline void compute_tensor(const Kokkos::Cuda& space, const TensorProblem& p, int group = 1) {
   if (p.rows == 0 || p.blocks == 0) return;
   const TensorKernel kernel = p.kernel != TensorKernel::none ? p.kernel : tensor_kernel_for(p.n_in, p.H, p.NO, p.blocks);
-  if (p.group != 1 && (kernel != TensorKernel::mma || p.group > 8 / (tensor_hp(p.H) / 32) || (p.group & (p.group - 1)))) {
-    throw Error("dpmlp: tensor engine: a group of " + std::to_string(p.group) + " blocks a partial-sum row, which " +
-                "only the register-resident kernel takes, up to 8 / (hidden / 32) (a power of two)");
+  if (group != 1 && (kernel != TensorKernel::mma || group != 8 / (tensor_hp(p.H) / 32) || p.NO != 1)) {
+    throw Error("dpmlp: tensor engine: a group of " + std::to_string(group) + " blocks a partial-sum row, which " +
+                "only the register-resident kernel takes, as 8 / (hidden / 32) (its teams a CTA), at one output");
   }
   const bool narrow = tensor_ni(p.n_in) == 32;
   const auto launch = [&](auto hp) {
     constexpr int HP = decltype(hp)::value;
     if (kernel == TensorKernel::mma) {
-      if (p.NO == 1) return launch_tensor_mma<HP, 1>(space, p);
-      return launch_tensor_mma<HP, 4>(space, p);
+      if (p.NO == 1) return launch_tensor_mma<HP, 1>(space, p, group);
+      return launch_tensor_mma<HP, 4>(space, p, group);
     }
     if (narrow) return launch_tensor<32, HP>(space, p);
     return launch_tensor<64, HP>(space, p);
