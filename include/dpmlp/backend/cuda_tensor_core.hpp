@@ -501,9 +501,9 @@ inline std::size_t mma_scratch_bytes(int hp, int no, bool grouped = false) {
          128;
 }
 
-// The register-resident kernel's group (mma_group): a field where it can group (more than one team a CTA),
-// else the constant 1, so the 256-hidden kernel's parameters and code stay those it was tuned with (any
-// change there moved its registers and its time: 4M x 256, one H200, 297.7 -> 304.2 ms per 100 steps).
+// The register-resident kernel's group (mma_group): a field where it groups (32 hidden units), else the
+// constant 1, so the other kernels' parameters and code stay those they were tuned with (any change there
+// moved their registers and their time: 4M x 256, one H200, 297.7 -> 304.2 ms per 100 steps).
 template <bool On>
 struct MmaGroupField {
   int group = 1;
@@ -515,8 +515,8 @@ struct MmaGroupField<false> {
 
 // HP: padded hidden units (32..256); NOC: the most outputs this instantiation handles (1 or 4).
 template <int HP, int NOC>
-struct TensorMmaKernel : TensorProblem, MmaGroupField<(HP < 256)> {
-  using MmaGroupField<(HP < 256)>::group;
+struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
+  using MmaGroupField<HP == 32>::group;
   static constexpr int NI = 32, T = 256, RB = mma_batch_rows, NB = RB / 8, KT = NI / 8, FT = NI / 8, MT = 2;
   static constexpr int WH = HP / 32, WR = 8 / WH, LDX = NI + 4, ST = mma_stages;
   // One CTA an SM (255 registers a thread). DPMLP_TENSOR_MMA_MIN_BLOCKS=2 asks for two where their shared
@@ -529,9 +529,8 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<(HP < 256)> {
 #endif
   static_assert(HP == 32 || HP == 64 || HP == 128 || HP == 256, "HP: 32, 64, 128 or 256");
   static_assert(NOC == 1 || NOC == 4, "NOC: 1 or 4");
-  // Whether this instantiation has the grouped path (mma_group): with one team a CTA there is nothing to group.
-  static constexpr bool GROUPS = WR > 1;
-  static_assert(GROUPS == (HP < 256), "MmaGroupField: a group field where there are teams to group");
+  // Whether this instantiation has the grouped path (mma_group): 32 hidden units, eight one-warp teams a CTA.
+  static constexpr bool GROUPS = HP == 32;
   static_assert(T == 256 && MT * FT * 4 == 32 && MT * NB * 4 == 32,
                 "mma_scratch_bytes parks two arrays of 32 floats for each of 256 threads");
 
@@ -1169,24 +1168,25 @@ inline TensorKernel tensor_kernel_for(int inputs, int hidden, int outputs, std::
 }
 
 // How many blocks a row of the register-resident kernel's partial sums holds, for a model of this shape whose
-// steps have `global_blocks` blocks over `ranks` ranks: its WR = 8 / (hp / 32) teams a CTA (32 to 128 hidden
-// units) take WR consecutive blocks at once and sum them in the block tree's shape before writing (the
-// tree's first levels, in shared memory), so the partial sums and the tree over them are WR times smaller.
+// steps have `global_blocks` blocks over `ranks` ranks: at 32 hidden units its CTA's eight teams take eight
+// consecutive blocks at once and sum them in the block tree's shape before writing (the tree's first three
+// levels, in shared memory), so the partial sums and the tree over them are eight times smaller.
 // The sums are the same bits either way (a group is a subtree); what changes is the layout: ranks then own
 // whole groups (the trainer's plan has blocks of block_rows x group rows), so the value must be the same on
 // every rank (the trainer takes the smallest). Only where every team of every SM has a block (fewer blocks:
-// the team-major order spreads them over more SMs) and the staged sums fit the shared memory. One output
-// only: compute-sanitizer's racecheck reported shared-memory hazards between the staging and the combine in
-// the four-output instantiation at 64 hidden units (not at 32 or 128, nor at one output), which were not
-// explained; those models keep a row a block. 1M x 32 on 2xH200: docs/benchmarks.md. DPMLP_MMA_GROUP=1
-// turns it off (measurements).
+// the team-major order spreads them over more SMs) and the staged sums fit the shared memory. Only at 32
+// hidden units (teams of one warp) and one output: at 64 hidden units (teams of two warps) compute-sanitizer's
+// racecheck reported shared-memory hazards between the staging and the sum for some shapes with a short last
+// group (7 inputs, 50 hidden units), unexplained when this was written, although every grouped row was
+// bitwise right; at four outputs too. Those models keep a row a block. DPMLP_MMA_GROUP=1 turns it off
+// (measurements).
 inline int mma_group(int hidden, int outputs, std::int64_t global_blocks, int ranks) {
   static const bool off = [] {
     const char* v = std::getenv("DPMLP_MMA_GROUP");
     return v != nullptr && std::string(v) == "1";
   }();
   const int hp = tensor_hp(hidden), wr = 8 / (hp / 32), no = outputs == 1 ? 1 : 4;
-  if (off || wr == 1 || outputs != 1 || mma_scratch_bytes(hp, no, true) > static_cast<std::size_t>(tensor_device().smem_optin)) {
+  if (off || hp != 32 || outputs != 1 || mma_scratch_bytes(hp, no, true) > static_cast<std::size_t>(tensor_device().smem_optin)) {
     return 1;
   }
   const std::int64_t sms = tensor_device().sms > 0 ? tensor_device().sms : 1;
@@ -1210,9 +1210,9 @@ inline std::string tensor_unsupported(int inputs, int hidden, int outputs) {
 inline void compute_tensor(const Kokkos::Cuda& space, const TensorProblem& p, int group = 1) {
   if (p.rows == 0 || p.blocks == 0) return;
   const TensorKernel kernel = p.kernel != TensorKernel::none ? p.kernel : tensor_kernel_for(p.n_in, p.H, p.NO, p.blocks);
-  if (group != 1 && (kernel != TensorKernel::mma || group != 8 / (tensor_hp(p.H) / 32) || p.NO != 1)) {
+  if (group != 1 && (kernel != TensorKernel::mma || group != 8 || tensor_hp(p.H) != 32 || p.NO != 1)) {
     throw Error("dpmlp: tensor engine: a group of " + std::to_string(group) + " blocks a partial-sum row, which " +
-                "only the register-resident kernel takes, as 8 / (hidden / 32) (its teams a CTA), at one output");
+                "only the register-resident kernel takes, as 8, at 32 or fewer hidden units and one output");
   }
   const bool narrow = tensor_ni(p.n_in) == 32;
   const auto launch = [&](auto hp) {
