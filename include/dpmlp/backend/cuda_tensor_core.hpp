@@ -1185,12 +1185,13 @@ inline int mma_group(int hidden, int outputs, std::int64_t global_blocks, int ra
     const char* v = std::getenv("DPMLP_MMA_GROUP");
     return v != nullptr && std::string(v) == "1";
   }();
-  const int hp = tensor_hp(hidden), wr = 8 / (hp / 32), no = outputs == 1 ? 1 : 4;
-  if (off || hp != 32 || outputs != 1 || mma_scratch_bytes(hp, no, true) > static_cast<std::size_t>(tensor_device().smem_optin)) {
+  constexpr int teams = 8;  // a CTA's one-warp teams at 32 hidden units: the group
+  if (off || tensor_hp(hidden) != 32 || outputs != 1 ||
+      mma_scratch_bytes(32, 1, true) > static_cast<std::size_t>(tensor_device().smem_optin)) {
     return 1;
   }
   const std::int64_t sms = tensor_device().sms > 0 ? tensor_device().sms : 1;
-  return global_blocks >= std::int64_t(ranks > 0 ? ranks : 1) * sms * wr ? wr : 1;
+  return global_blocks >= std::int64_t(ranks > 0 ? ranks : 1) * sms * teams ? teams : 1;
 }
 
 // The reason the tensor engine cannot run this one-hidden-layer model here, or "".
