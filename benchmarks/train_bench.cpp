@@ -173,8 +173,9 @@ int bench(const Options& o) {
                 o.graph ? "true" : "false", o.peer ? "true" : "false", multi.leaf_group, o.repeats, o.warmup);
     for (std::size_t i = 0; i < multi.ms.size(); ++i) std::printf("%s%.3f", i ? ", " : "", multi.ms[i]);
     std::printf("], \"median_ms\": %.3f, \"prep_ms\": %.3f, \"first_loss\": %.6f, \"last_loss\": %.6f, "
-                "\"single_last_loss\": %.6f, \"max_dparam\": %.3e, \"check\": \"%s\"}\n",
+                "\"single_last_loss\": %.6f, \"max_dparam\": %.3e, \"params_digest\": \"%s\", \"check\": \"%s\"}\n",
                 median(multi.ms), multi.prep_ms, multi.last.first_loss, multi.last.last_loss, single_last, drift,
+                dpmlp::hex16(dpmlp::fnv1a64(multi.params.data(), multi.params.size() * sizeof(float))).c_str(),
                 !o.check ? "skipped" : pass ? "pass" : "fail");
     std::fflush(stdout);
   }

@@ -158,6 +158,10 @@ TEST_CASE("the tensor engine matches the fp64 reference where it runs, and is re
       {{40, 100, 4}, dpmlp::Activation::identity, 77}, {{16, 256, 1}, dpmlp::Activation::relu, 300},
       {{64, 200, 3}, dpmlp::Activation::tanh, 150},  {{1, 1, 1}, dpmlp::Activation::relu, 9},
       {{33, 64, 1}, dpmlp::Activation::relu, 260},   {{32, 256, 1}, dpmlp::Activation::relu, 3000},
+      // 32 or fewer inputs at 128 and 256 padded hidden units, one and several outputs: the register-resident
+      // kernel's instantiations there, when it runs (DPMLP_TENSOR_KERNEL=mma in the hardware validation).
+      {{20, 128, 1}, dpmlp::Activation::tanh, 700},  {{9, 150, 2}, dpmlp::Activation::relu, 500},
+      {{32, 120, 3}, dpmlp::Activation::identity, 400},
   };
   const std::string why =
       dpmlp::detail::BlockEngine<Space, float>::tensor_unsupported(dpmlp::Mlp<float, Memory>({32, 32, 1}));
