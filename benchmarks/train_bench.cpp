@@ -201,7 +201,7 @@ int breakdown(const Options& o) {
   // The trainer's engine, kernel included (the tensor engine picks its kernel from the global block count).
   dpmlp::detail::BlockEngine<ExecSpace, float> engine(
       model, trainer.shard().rows(), trainer.block_rows(), trainer.gemm_backend(), trainer.engine(),
-      (o.rows + trainer.block_rows() - 1) / trainer.block_rows(), trainer.leaf_group());
+      trainer.global_blocks(), trainer.leaf_group());
   dpmlp::BlockTreeReducer<ExecSpace, float> reducer(trainer.plan(), engine.width(), topt.reduction);
   const int n = std::max(o.steps, 20);
   auto per_call_us = [&](auto&& f) {

@@ -151,6 +151,7 @@ TEST_CASE("the trainer keeps the shard layout and the communicator it was given"
   MPI_Allreduce(&rows, &total, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
   CHECK(total == 1001);
   CHECK(trainer.block_rows() == 100);
+  CHECK(trainer.global_blocks() == 11);  // 1001 rows in blocks of 100, the last of one row, at any rank count
 }
 
 namespace {

@@ -245,13 +245,12 @@ class DataParallelTrainer {
                  : default_block_rows(global_rows, detail::BlockEngine<ExecSpace, Scalar>::sums_per_block(model));
     // The tree's leaves: groups of group_ blocks where the engine sums them itself (the same bits: a group is a
     // subtree), so ranks own whole groups. Every rank must take the same group: the smallest of theirs.
-    const std::int64_t global_blocks = (global_rows + block_ - 1) / block_;
-    group_ = detail::BlockEngine<ExecSpace, Scalar>::leaf_group(model_, engine_kind, global_blocks, comm_.size());
+    group_ = detail::BlockEngine<ExecSpace, Scalar>::leaf_group(model_, engine_kind, global_blocks(), comm_.size());
     detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &group_, 1, MPI_INT, MPI_MIN, c), "MPI_Allreduce");
     plan_ = BlockTreePlan(global_rows, block_ * group_, comm_.rank(), comm_.size());
     gemm_ = options.gemm ? *options.gemm : linalg::default_backend<ExecSpace>(options.reduction == Reduction::reproducible);
     engine_ = detail::BlockEngine<ExecSpace, Scalar>(model_, plan_.shard().rows(), block_, gemm_, engine_kind,
-                                                     global_blocks, group_);
+                                                     global_blocks(), group_);
     // Every rank must run the same engine (and tensor kernel): their sums differ in the last bits, so a mix
     // (ranks on different kinds of device) would silently break the bitwise reproducibility.
     {
@@ -306,6 +305,8 @@ class DataParallelTrainer {
   std::int64_t global_rows() const { return global_rows_; }
   // Rows a block: the engine sums a block's rows, then the block tree the blocks.
   std::int64_t block_rows() const { return block_; }
+  // Blocks a step over every rank (the tensor engine picks its kernel from this count, not from a rank's share).
+  std::int64_t global_blocks() const { return (global_rows_ + block_ - 1) / block_; }
   // Blocks a leaf of the block tree holds: more than one where the engine sums the tree's first levels itself
   // (the register-resident tensor kernel; the same bits). plan()'s blocks are block_rows() x leaf_group() rows.
   int leaf_group() const { return group_; }
