@@ -18,6 +18,8 @@
 // Prints one JSON line (rank 0): the configuration, every repeat's time for `steps` steps (a fresh trainer
 // each repeat, the same initial parameters; after a warm-up run), their median, and the check: the loss
 // fell, and the final parameters agree with a one-device run (rank 0 alone) within the example's 1e-3.
+// params_digest: the FNV-1a digest of the trained parameters' bytes (dpmlp/digest.hpp), so runs of different
+// builds or rank counts can be compared bit for bit.
 #include <dpmlp/dpmlp.hpp>
 
 #include <algorithm>
