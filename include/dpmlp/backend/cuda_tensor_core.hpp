@@ -1177,9 +1177,10 @@ inline TensorKernel tensor_kernel_for(int inputs, int hidden, int outputs, std::
 // the team-major order spreads them over more SMs) and the staged sums fit the shared memory. Only at 32
 // hidden units (teams of one warp) and one output: at 64 hidden units (teams of two warps) compute-sanitizer's
 // racecheck reported shared-memory hazards between the staging and the sum for some shapes with a short last
-// group (7 inputs, 50 hidden units), unexplained when this was written, although every grouped row was
-// bitwise right; at four outputs too. Those models keep a row a block. DPMLP_MMA_GROUP=1 turns it off
-// (measurements).
+// group (7 inputs, 50 hidden units): combine_group's read of the stage against finish_block's staged stores
+// (compute-sanitizer with -lineinfo), also when no warp of the CTA exits early (so not the teams without a
+// block), still unexplained, although every grouped row was bitwise right; at four outputs too. Those models
+// keep a row a block. DPMLP_MMA_GROUP=1 turns it off (measurements).
 inline int mma_group(int hidden, int outputs, std::int64_t global_blocks, int ranks) {
   static const bool off = [] {
     const char* v = std::getenv("DPMLP_MMA_GROUP");
