@@ -643,10 +643,9 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
     // Team-major: a step with fewer blocks than teams spreads them over the CTAs (one SM each) first. Grouped,
     // CTA-major: a group's WR blocks are its CTA's, taken at once by its teams.
     const std::int64_t nteams = std::int64_t(gridDim.x) * WR;
+    // (group is the constant 1 where the kernel does not group, so the grouped paths compile away there.)
     std::int64_t first = std::int64_t(team) * gridDim.x + blockIdx.x;
-    if constexpr (GROUPS) {
-      if (group > 1) first = std::int64_t(blockIdx.x) * WR + team;
-    }
+    if (group > 1) first = std::int64_t(blockIdx.x) * WR + team;
 
     float* const base = align_shared_128(smem);
     float* const xbuf = base + team * ST * RB * LDX;
@@ -941,20 +940,16 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
       mma3(gw, ah, al, bh, bl);
     }
     if ((s.ck + 1) * RB >= nrows) {
-      if constexpr (GROUPS) {
-        if (group > 1) {
-          // Grouped: the block's sums go to the team's row of the stage (after the parked arrays; zp is this
-          // thread's slot of the second), then the group adds them up. The thread index through a volatile
-          // asm: with threadIdx.x the compiler hoisted these addresses out of the batch loop, registers live
-          // across it, and ptxas spilled (136 bytes at 32 hidden units; none this way, sm_90 -Xptxas -v).
-          unsigned tid;
-          asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
-          float* const stage = zp + MT * NB * T * 4 - 4 * static_cast<int>(tid);
-          finish_block<true>(s, gw, wh, lane, g, tg, stage + (static_cast<int>(tid) / (32 * WH)) * static_cast<int>(ld));
-          combine_group(s.cb, stage);
-        } else {
-          finish_block(s, gw, wh, lane, g, tg);
-        }
+      if (group > 1) {
+        // Grouped: the block's sums go to the team's row of the stage (after the parked arrays; zp is this
+        // thread's slot of the second), then the group adds them up. The thread index through a volatile
+        // asm: with threadIdx.x the compiler hoisted these addresses out of the batch loop, registers live
+        // across it, and ptxas spilled (136 bytes at 32 hidden units; none this way, sm_90 -Xptxas -v).
+        unsigned tid;
+        asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+        float* const stage = zp + MT * NB * T * 4 - 4 * static_cast<int>(tid);
+        finish_block<true>(s, gw, wh, lane, g, tg, stage + (static_cast<int>(tid) / (32 * WH)) * static_cast<int>(ld));
+        combine_group(s.cb, stage);
       } else {
         finish_block(s, gw, wh, lane, g, tg);
       }
