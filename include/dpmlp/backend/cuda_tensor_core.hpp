@@ -27,7 +27,9 @@
 //   deltas    dZ = (d W1^T) * act'(h) in place of h, the b0 and W1 sums: a thread a hidden unit (SIMT)
 //   backward  gW0[NI x HP] += X^T[NI x C] dZ[C x HP]   warps own 16x16 tiles, accumulators in registers for
 //             the whole block (MMA)
-// The next chunk's rows are loaded into registers while the backward MMAs run.
+// The next chunk's rows are loaded into registers while the backward MMAs run, a chunk's targets while its
+// forward MMAs run, and the block's parameters and first chunk all at once: at the seed's size (a block a CTA,
+// one chunk a block) the kernel is one pass through these phases, so its time is their chain of latencies.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -133,6 +135,9 @@ struct FusedTensorCoreKernel : TensorProblem {
   static constexpr int KS = BTILES >= W ? 1 : W / BTILES;
   static constexpr int BTPW = BTILES * KS / W;  // backward tiles a warp owns
   static constexpr int XPT = C * NI / T;        // x elements a thread loads a chunk
+  static constexpr int RW = C / W;              // rows a warp takes in the output phase
+  static constexpr int RU = JL == 1 ? 2 : 1;   // of which at once (2: 11.2 against 11.4 us with 1, 4 or 8)
+  static_assert(RW * MaxOut <= 32 && RW % RU == 0, "a lane a target of the warp's output rows");
   static_assert(NI == 32 || NI == 64, "NI: 32 or 64");
   static_assert(HP == 32 || HP == 64 || HP == 128 || HP == 256, "HP: 32, 64, 128 or 256");
   static_assert(KS * BTILES >= W && (W % BMT) == 0, "backward tiles must cover the warps");
@@ -199,16 +204,52 @@ struct FusedTensorCoreKernel : TensorProblem {
     float* const hs = xs + C * LDX;
     float* const ds = hs + C * LDH;  // the chunk's output deltas, C x NO
 
-    // The parameters, zero-padded (padded hidden units then contribute exact zeros everywhere).
-    for (int e = t; e < NI * HP; e += T) {
-      const int i = e / HP, j = e % HP;
-      w0s[i * LDW + j] = (i < n_in && j < H) ? params[w0off + i * H + j] : 0.0f;
+    // The parameters, zero-padded (padded hidden units then contribute exact zeros everywhere), and the first
+    // chunk's x: the global loads are issued before the shared-memory stores, so the block's start waits for
+    // one round trip to memory (W0 in passes of at most 8 values a thread, for the registers), not one an
+    // array: with a block a CTA and one chunk a block, as at the seed's size, the kernel is a chain of such
+    // waits and barriers.
+    constexpr int W0PT = (NI * HP + T - 1) / T, B0PT = (HP + T - 1) / T, W1PT = (HP * MaxOut + T - 1) / T;
+    constexpr int W0P = W0PT < 8 ? W0PT : 8;
+    static_assert(W0PT % W0P == 0, "W0 in whole passes");
+    float b0v[B0PT], w1v[W1PT], b1[MaxOut];
+#pragma unroll
+    for (int k = 0; k < B0PT; ++k) {
+      const int j = t + k * T;
+      b0v[k] = j < H ? params[b0off + j] : 0.0f;  // H <= HP
     }
-    for (int j = t; j < HP; j += T) b0s[j] = j < H ? params[b0off + j] : 0.0f;
-    for (int e = t; e < HP * NO; e += T) w1s[e] = e / NO < H ? params[w1off + e] : 0.0f;
-    float b1[MaxOut];
+#pragma unroll
+    for (int k = 0; k < W1PT; ++k) {
+      const int e = t + k * T;  // row e / NO of W1 (H x NO): inside while e < H * NO
+      w1v[k] = e < H * NO ? params[w1off + e] : 0.0f;
+    }
 #pragma unroll
     for (int o = 0; o < MaxOut; ++o) b1[o] = o < NO ? params[b1off + o] : 0.0f;
+    float xv[XPT];
+    load_x(r_begin, r_end - r_begin < C ? static_cast<int>(r_end - r_begin) : C, t, xv);
+#pragma unroll
+    for (int k0 = 0; k0 < W0PT; k0 += W0P) {
+      float w0v[W0P];
+#pragma unroll
+      for (int k = 0; k < W0P; ++k) {
+        const int e = t + (k0 + k) * T, i = e / HP, j = e % HP;
+        w0v[k] = (e < NI * HP && i < n_in && j < H) ? params[w0off + i * H + j] : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < W0P; ++k) {
+        const int e = t + (k0 + k) * T;
+        if (e < NI * HP) w0s[(e / HP) * LDW + e % HP] = w0v[k];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < B0PT; ++k) {
+      if (t + k * T < HP) b0s[t + k * T] = b0v[k];
+    }
+#pragma unroll
+    for (int k = 0; k < W1PT; ++k) {
+      if (t + k * T < HP * NO) w1s[t + k * T] = w1v[k];
+    }
+    store_x(xs, t, xv);
 
     // This thread's sums for the whole block: its warp's gW0 tiles (MMA accumulators); its hidden unit's b0
     // and W1 sums over its rows; its warp's b1 and loss sums (the same in every lane).
@@ -217,13 +258,20 @@ struct FusedTensorCoreKernel : TensorProblem {
     for (int k = 0; k < BTPW; ++k) wmma::fill_fragment(gw0[k], 0.0f);
     float gb0 = 0.0f, gw1[MaxOut] = {}, gb1[MaxOut] = {}, gloss = 0.0f;
 
-    float xv[XPT];
-    load_x(r_begin, r_end - r_begin < C ? static_cast<int>(r_end - r_begin) : C, t, xv);
-    store_x(xs, t, xv);
-
     for (std::int64_t c0 = r_begin; c0 < r_end; c0 += C) {
       const int n = r_end - c0 < C ? static_cast<int>(r_end - c0) : C;
       __syncthreads();  // xs holds this chunk; hs is free
+
+      // The targets and the learning rows of the rows this warp takes in the output phase, loaded now, so that
+      // their global loads' latency hides behind the forward MMAs: lane l holds output l % NO of row
+      // warp + W * (l / NO); bit i of `learn`: whether row warp + W * i learns.
+      float yv = 0.0f;
+      {
+        const int i = lane / NO, r = warp + W * i;
+        if (i < RW && r < n) yv = y[(c0 + r) * NO + (lane - i * NO)];
+      }
+      const unsigned learn =
+          __ballot_sync(0xffffffffu, lane < RW && warp + W * lane < n && window.contains(c0 + warp + W * lane));
 
       // Forward MMAs: Hpre = X W0. With 32 inputs a warp keeps its row tile's split fragments for all its
       // column tiles; with 64 it reloads them (registers).
@@ -258,38 +306,50 @@ struct FusedTensorCoreKernel : TensorProblem {
       }
       __syncthreads();
 
-      // Outputs: warp w takes rows w, w + 8, ...; lane l adds hidden units l, l + 32, ... of h = act(Hpre +
-      // b0) (stored back), then a butterfly gives every lane the same bits of the sum. Output deltas to ds.
-      for (int r = warp; r < C; r += W) {
-        float p[MaxOut] = {};
+      // Outputs: warp w takes rows w, w + 8, ..., RU at a time (independent chains, whose latencies overlap);
+      // lane l adds hidden units l, l + 32, ... of h = act(Hpre + b0) (stored back), then a butterfly gives
+      // every lane the same bits of the sum. Output deltas to ds.
+      for (int i0 = 0; i0 < RW; i0 += RU) {
+        float p[RU][MaxOut] = {};
 #pragma unroll
-        for (int q = 0; q < JL; ++q) {
-          const int j = lane + 32 * q;
-          const float h = activate(act, hs[r * LDH + j] + b0s[j]);
-          hs[r * LDH + j] = h;
+        for (int u = 0; u < RU; ++u) {
+          const int r = warp + W * (i0 + u);
+#pragma unroll
+          for (int q = 0; q < JL; ++q) {
+            const int j = lane + 32 * q;
+            const float h = activate(act, hs[r * LDH + j] + b0s[j]);
+            hs[r * LDH + j] = h;
+#pragma unroll
+            for (int o = 0; o < MaxOut; ++o) {
+              if (o < NO) p[u][o] += h * w1s[j * NO + o];
+            }
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < RU; ++u) {
 #pragma unroll
           for (int o = 0; o < MaxOut; ++o) {
-            if (o < NO) p[o] += h * w1s[j * NO + o];
+            if (o >= NO) continue;
+#pragma unroll
+            for (int m = 16; m >= 1; m /= 2) p[u][o] += __shfl_xor_sync(0xffffffffu, p[u][o], m);
           }
         }
 #pragma unroll
-        for (int o = 0; o < MaxOut; ++o) {
-          if (o >= NO) continue;
+        for (int u = 0; u < RU; ++u) {
+          const int i = i0 + u, r = warp + W * i;
 #pragma unroll
-          for (int m = 16; m >= 1; m /= 2) p[o] += __shfl_xor_sync(0xffffffffu, p[o], m);
-        }
-        const bool learn = r < n && window.contains(c0 + r);
-#pragma unroll
-        for (int o = 0; o < MaxOut; ++o) {
-          if (o >= NO) continue;
-          float d = 0.0f;
-          if (learn) {
-            const float res = p[o] + b1[o] - y[(c0 + r) * NO + o];
-            d = 2.0f * scale * res;
-            gloss += res * res;
-            gb1[o] += d;
+          for (int o = 0; o < MaxOut; ++o) {
+            if (o >= NO) continue;
+            const float target = __shfl_sync(0xffffffffu, yv, i * NO + o);
+            float d = 0.0f;
+            if ((learn >> i) & 1u) {
+              const float res = p[u][o] + b1[o] - target;
+              d = 2.0f * scale * res;
+              gloss += res * res;
+              gb1[o] += d;
+            }
+            if (lane == o) ds[r * NO + o] = d;
           }
-          if (lane == o) ds[r * NO + o] = d;
         }
       }
       __syncthreads();
@@ -301,7 +361,9 @@ struct FusedTensorCoreKernel : TensorProblem {
         float w1j[MaxOut];
 #pragma unroll
         for (int o = 0; o < MaxOut; ++o) w1j[o] = o < NO ? w1s[j * NO + o] : 0.0f;
-        for (int r = t / HP; r < C; r += G) {
+#pragma unroll 8
+        for (int i = 0; i < C / G; ++i) {  // rows t / HP + G * i, in order (t / HP < G)
+          const int r = t / HP + G * i;
           const float h = hs[r * LDH + j];
           float g = 0.0f;
 #pragma unroll
