@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "dpmlp/detail/async_copy.hpp"
 #include "dpmlp/errors.hpp"
 #include "dpmlp/kokkos_compat.hpp"
 
@@ -343,28 +344,16 @@ class BlockTreeReducer {
           const std::int64_t span = fast ? local_blocks : (std::int64_t(1) << level_v(i));
           const int n = static_cast<int>(lo + span < local_blocks ? span : local_blocks - lo);
           Scalar* sh = static_cast<Scalar*>(team.team_scratch(0).get_shmem(bytes));
-          // Logical threads (lane, c), cw_max of them a lane; a short team loops over them. A thread's loads
-          // are issued `batch` at a time into registers before any store: a loop of load-then-store would
-          // wait out one memory latency per block (the compiler cannot tell the partials from the scratch).
-          // At the seed size on two H200s: 7.7 -> 6.7 us a call (old and new builds in one call; ~5 us of
-          // either is the Kokkos launch; docs/benchmarks.md).
+          // Logical threads (lane, c), cw_max of them a lane; a short team loops over them. A thread's copies
+          // are all in flight at once (detail::async_copy: cp.async on GPUs that have it): loads into
+          // registers then stores were interleaved by ptxas, one memory latency every few values.
           const int lanes = 256 / cw_max;
-          constexpr int batch = 16;
           for (int t = team.team_rank(); t < 256; t += team.team_size()) {
             const int c = t & (cw_max - 1), lane = t / cw_max;
             if (c >= cw) continue;
-            for (int b0 = lane; b0 < n; b0 += batch * lanes) {
-              Scalar v[batch];
-              for (int j = 0; j < batch; ++j) {
-                const int b = b0 + j * lanes;
-                v[j] = b < n ? P(lo + b, c0 + c) : Scalar(0);
-              }
-              for (int j = 0; j < batch; ++j) {
-                const int b = b0 + j * lanes;
-                if (b < n) sh[b * cw_max + c] = v[j];
-              }
-            }
+            for (int b = lane; b < n; b += lanes) detail::async_copy(&sh[b * cw_max + c], &P(lo + b, c0 + c));
           }
+          detail::async_copy_wait();
           team.team_barrier();
           for (int stride = 1; stride < n; stride *= 2) {
             for (int t = team.team_rank(); t < 256; t += team.team_size()) {
