@@ -23,7 +23,7 @@ namespace detail {
 template <class T>
 KOKKOS_INLINE_FUNCTION void async_copy(T* dst, const T* src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "cp.async copies 4, 8 or 16 bytes");
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "async_copy: 4- or 8-byte values (cp.async.ca)");
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
   asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(src), "n"(sizeof(T)) : "memory");
 #else
