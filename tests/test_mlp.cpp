@@ -162,6 +162,10 @@ TEST_CASE("the tensor engine matches the fp64 reference where it runs, and is re
       // kernel's instantiations there, when it runs (DPMLP_TENSOR_KERNEL=mma in the hardware validation).
       {{20, 128, 1}, dpmlp::Activation::tanh, 700},  {{9, 150, 2}, dpmlp::Activation::relu, 500},
       {{32, 120, 3}, dpmlp::Activation::identity, 400},
+      // One output with relu or identity: the register-resident kernel's mask form of the backward
+      // (TensorMmaKernel::masked_grad) at each hidden padding; tanh keeps the three-MMA form.
+      {{32, 64, 1}, dpmlp::Activation::identity, 400}, {{30, 128, 1}, dpmlp::Activation::relu, 600},
+      {{12, 32, 1}, dpmlp::Activation::identity, 300}, {{32, 256, 1}, dpmlp::Activation::identity, 200},
   };
   const std::string why =
       dpmlp::detail::BlockEngine<Space, float>::tensor_unsupported(dpmlp::Mlp<float, Memory>({32, 32, 1}));

@@ -593,6 +593,16 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
   static_assert(NOC == 1 || NOC == 4, "NOC: 1 or 4");
   // Whether this instantiation has the grouped path (mma_group): 32 hidden units, eight one-warp teams a CTA.
   static constexpr bool GROUPS = HP == 32;
+  // Whether the backward takes the mask form: one output and an activation whose derivative is 0 or 1 (relu,
+  // identity). Then dZ[r][j] = d_r w1_j m_r[j] (m the derivative), so gW0[i][j] = w1_j sum_r m_r[j] (d_r x_r[i])
+  // and gb0[j] = w1_j sum_r m_r[j] d_r: the backward MMAs' A operand is the mask, exact in TF32, so a product
+  // takes two MMAs instead of three and only d x is split (not dZ as well), and the hidden-delta phase is a
+  // compare and two FMAs a value; w1 is applied once a block. Same precision class (d x rounded once where d w1
+  // was, and w1 times each block's sum), other bits than the three-MMA form; rank counts still agree bitwise
+  // (every per-block sum is still fixed by the block's rows and the widths).
+  KOKKOS_INLINE_FUNCTION static constexpr bool masked_grad(Activation a) {
+    return NOC == 1 && (a == Activation::relu || a == Activation::identity);
+  }
   static_assert(T == 256 && MT * FT * 4 == 32 && MT * NB * 4 == 32,
                 "mma_scratch_bytes parks two arrays of 32 floats for each of 256 threads");
 
@@ -637,6 +647,21 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
     for (int m = 0; m < M; ++m) {
 #pragma unroll
       for (int n = 0; n < N; ++n) mma(acc[m][n], ahi[m], bhi[n][0], bhi[n][1]);
+    }
+  }
+  // acc[m][n] += a[m] b[n] where a is exact in TF32 (a mask of 0s and 1s): every a*lo MMA, then every a*hi.
+  template <int M, int N>
+  __device__ static void mma2(float (&acc)[M][N][4], const std::uint32_t (&a)[M][4], const std::uint32_t (&bhi)[N][2],
+                              const std::uint32_t (&blo)[N][2]) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+#pragma unroll
+      for (int n = 0; n < N; ++n) mma(acc[m][n], a[m], blo[n][0], blo[n][1]);
+    }
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+#pragma unroll
+      for (int n = 0; n < N; ++n) mma(acc[m][n], a[m], bhi[n][0], bhi[n][1]);
     }
   }
   __device__ static void team_sync(int team) {
@@ -960,47 +985,95 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
         for (int o = 0; o < NOC; ++o) dr[nt][bit][o] = __shfl_sync(0xffffffffu, d[o], nt * 8 + 2 * tg + bit);
       }
     }
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int nt = 0; nt < NB; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float h = zc[mt][nt][e];
-          float da = 0.0f;
-#pragma unroll
-          for (int o = 0; o < NOC; ++o) {
-            da += dr[nt][e % 2][o] * s.w1r[mt][e / 2][o];
-            s.gw1[mt][e / 2][o] += h * dr[nt][e % 2][o];
-          }
-          const float dz = da * activate_grad_from_output(A, h);
-          s.gb0[mt][e / 2] += dz;
-          zc[mt][nt][e] = dz;
-        }
-      }
-    }
-
-    // Backward, gW0^T += dZ^T X, an 8-row k step per row tile (k = t: row 2t, k = t + 4: row 2t + 1).
-    float gw[MT][FT][4];
-    unpark(gwp, gw);
-#pragma unroll
-    for (int nt = 0; nt < NB; ++nt) {
-      std::uint32_t ah[MT][4], al[MT][4];
+    if constexpr (masked_grad(A)) {
+      // The mask in place of h; b0's sum without w1 (finish_block applies it).
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        split(zc[mt][nt][0], ah[mt][0], al[mt][0]);  // unit g,     row 2t
-        split(zc[mt][nt][2], ah[mt][1], al[mt][1]);  // unit g + 8, row 2t
-        split(zc[mt][nt][1], ah[mt][2], al[mt][2]);  // unit g,     row 2t + 1
-        split(zc[mt][nt][3], ah[mt][3], al[mt][3]);  // unit g + 8, row 2t + 1
-      }
-      std::uint32_t bh[FT][2], bl[FT][2];
 #pragma unroll
-      for (int ft = 0; ft < FT; ++ft) {
-        split(xs[(nt * 8 + 2 * tg) * LDX + ft * 8 + g], bh[ft][0], bl[ft][0]);
-        split(xs[(nt * 8 + 2 * tg + 1) * LDX + ft * 8 + g], bh[ft][1], bl[ft][1]);
+        for (int nt = 0; nt < NB; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float h = zc[mt][nt][e], m = activate_grad_from_output(A, h);
+            s.gw1[mt][e / 2][0] += h * dr[nt][e % 2][0];
+            s.gb0[mt][e / 2] += m * dr[nt][e % 2][0];
+            zc[mt][nt][e] = m;
+          }
+        }
       }
-      mma3(gw, ah, al, bh, bl);
+      float gw[MT][FT][4];
+      unpark(gwp, gw);
+      // Backward, gW0^T / w1 += M^T (d x): A is the mask straight from the registers (0 or 1, exact in TF32),
+      // B the batch's rows times their output deltas, split; the k steps as below.
+#pragma unroll
+      for (int nt = 0; nt < NB; ++nt) {
+        std::uint32_t am[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          am[mt][0] = __float_as_uint(zc[mt][nt][0]);  // unit g,     row 2t
+          am[mt][1] = __float_as_uint(zc[mt][nt][2]);  // unit g + 8, row 2t
+          am[mt][2] = __float_as_uint(zc[mt][nt][1]);  // unit g,     row 2t + 1
+          am[mt][3] = __float_as_uint(zc[mt][nt][3]);  // unit g + 8, row 2t + 1
+        }
+        std::uint32_t bh[FT][2], bl[FT][2];
+#pragma unroll
+        for (int ft = 0; ft < FT; ++ft) {
+          split(dr[nt][0][0] * xs[(nt * 8 + 2 * tg) * LDX + ft * 8 + g], bh[ft][0], bl[ft][0]);
+          split(dr[nt][1][0] * xs[(nt * 8 + 2 * tg + 1) * LDX + ft * 8 + g], bh[ft][1], bl[ft][1]);
+        }
+        mma2(gw, am, bh, bl);
+      }
+      end_batch<true>(s, gw, gwp, zp, nrows, nteams, wh, lane, g, tg);
+    } else {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < NB; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float h = zc[mt][nt][e];
+            float da = 0.0f;
+#pragma unroll
+            for (int o = 0; o < NOC; ++o) {
+              da += dr[nt][e % 2][o] * s.w1r[mt][e / 2][o];
+              s.gw1[mt][e / 2][o] += h * dr[nt][e % 2][o];
+            }
+            const float dz = da * activate_grad_from_output(A, h);
+            s.gb0[mt][e / 2] += dz;
+            zc[mt][nt][e] = dz;
+          }
+        }
+      }
+
+      // Backward, gW0^T += dZ^T X, an 8-row k step per row tile (k = t: row 2t, k = t + 4: row 2t + 1).
+      float gw[MT][FT][4];
+      unpark(gwp, gw);
+#pragma unroll
+      for (int nt = 0; nt < NB; ++nt) {
+        std::uint32_t ah[MT][4], al[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          split(zc[mt][nt][0], ah[mt][0], al[mt][0]);  // unit g,     row 2t
+          split(zc[mt][nt][2], ah[mt][1], al[mt][1]);  // unit g + 8, row 2t
+          split(zc[mt][nt][1], ah[mt][2], al[mt][2]);  // unit g,     row 2t + 1
+          split(zc[mt][nt][3], ah[mt][3], al[mt][3]);  // unit g + 8, row 2t + 1
+        }
+        std::uint32_t bh[FT][2], bl[FT][2];
+#pragma unroll
+        for (int ft = 0; ft < FT; ++ft) {
+          split(xs[(nt * 8 + 2 * tg) * LDX + ft * 8 + g], bh[ft][0], bl[ft][0]);
+          split(xs[(nt * 8 + 2 * tg + 1) * LDX + ft * 8 + g], bh[ft][1], bl[ft][1]);
+        }
+        mma3(gw, ah, al, bh, bl);
+      }
+      end_batch<false>(s, gw, gwp, zp, nrows, nteams, wh, lane, g, tg);
     }
+  }
+
+  // A batch's end: the block's sums where it was the block's last batch, the gW0^T accumulators parked, the
+  // cursors on to the next batch. Masked: gw and the b0 sums are without w1 (masked_grad).
+  template <bool Masked>
+  __device__ void end_batch(Step& s, float (&gw)[MT][FT][4], float* gwp, float* zp, std::int64_t nrows,
+                            std::int64_t nteams, int wh, int lane, int g, int tg) const {
     if ((s.ck + 1) * RB >= nrows) {
       if (group > 1) {
         // Grouped: the block's sums go to the team's row of the stage (after the parked arrays; zp is this
@@ -1010,10 +1083,11 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
         unsigned tid;
         asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
         float* const stage = zp + MT * NB * T * 4 - 4 * static_cast<int>(tid);
-        finish_block<true>(s, gw, wh, lane, g, tg, stage + (static_cast<int>(tid) / (32 * WH)) * static_cast<int>(ld));
+        finish_block<Masked, true>(s, gw, wh, lane, g, tg,
+                                   stage + (static_cast<int>(tid) / (32 * WH)) * static_cast<int>(ld));
         combine_group(s.cb, stage);
       } else {
-        finish_block(s, gw, wh, lane, g, tg);
+        finish_block<Masked>(s, gw, wh, lane, g, tg);
       }
     }
     park(gwp, gw);
@@ -1029,8 +1103,8 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
   // The block's end: the b0 and W1 sums over t (lane bits 0..1: the thread's rows of the same unit), b1 and
   // the loss over the lanes (rows), by butterflies; each warp writes its slice of the block's sums (to the
   // block's row of partials, or Staged to its team's row of the stage, srow), which are then cleared for the
-  // team's next block.
-  template <bool Staged = false>
+  // team's next block. Masked: the gW0 and b0 sums are multiplied by their hidden unit's w1 here, once a block.
+  template <bool Masked, bool Staged = false>
   __device__ void finish_block(Step& s, float (&gw)[MT][FT][4], int wh, int lane, int g, int tg,
                                float* srow = nullptr) const {
 #pragma unroll
@@ -1066,7 +1140,8 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int j = wh * 32 + mt * 16 + g + 8 * (e / 2), i = ft * 8 + 2 * tg + e % 2;
-          if (i < n_in && j < H) out[w0off + i * H + j] = gw[mt][ft][e];
+          const float v = Masked ? s.w1r[mt][e / 2][0] * gw[mt][ft][e] : gw[mt][ft][e];
+          if (i < n_in && j < H) out[w0off + i * H + j] = v;
           gw[mt][ft][e] = 0.0f;
         }
       }
@@ -1074,7 +1149,7 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
       for (int hb = 0; hb < 2; ++hb) {
         const int j = wh * 32 + mt * 16 + hb * 8 + g;
         if (tg == 0 && j < H) {
-          out[b0off + j] = s.gb0[mt][hb];
+          out[b0off + j] = Masked ? s.w1r[mt][hb][0] * s.gb0[mt][hb] : s.gb0[mt][hb];
 #pragma unroll
           for (int o = 0; o < NOC; ++o) {
             if (o < NO) out[w1off + j * NO + o] = s.gw1[mt][hb][o];
