@@ -672,27 +672,47 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
     }
   }
 
-  // Rows of block b (0 past the last; a block has at least one row).
-  __device__ std::int64_t block_rows(std::int64_t b) const {
-    if (b >= blocks) return 0;
-    const std::int64_t r0 = b * block, r1 = r0 + block < rows ? r0 + block : rows;
-    return r1 - r0;
-  }
-  // The team's next batch after (b, k): the block's next, else the first of its next block; b >= blocks at
-  // the end. nteams: teams in the grid.
-  __device__ void advance(std::int64_t& b, std::int64_t& k, std::int64_t nteams) const {
-    ++k;
-    if (k * RB >= block_rows(b)) {
-      b += nteams;
-      k = 0;
+  // A team's place in its batches: block b, the batch's first row r and the block's end row `end` (past the
+  // last block, b >= blocks and r = end: a batch of no rows). What each batch's copy, targets and sums need
+  // comes from these with no multiplication; advance() multiplies only when it moves to the next block (the
+  // cursor logic and the copies' bounds were a quarter of the loop's instructions at 32 hidden units, SASS
+  // per-instruction counts under Nsight Compute).
+  struct Cursor {
+    std::int64_t b, r, end;
+    __device__ int rows_left() const {  // rows of the batch, 0..RB
+      const std::int64_t left = end - r;
+      return left < RB ? static_cast<int>(left) : RB;
     }
+    __device__ bool last_of_block() const { return r + RB >= end; }
+  };
+  __device__ Cursor cursor_at(std::int64_t b) const {
+    if (b >= blocks) return Cursor{b, rows, rows};
+    const std::int64_t r0 = b * block;
+    return Cursor{b, r0, r0 + block < rows ? r0 + block : rows};
   }
-  // Start the copy of batch (b, k) into xs (32 x LDX; zeros past the block's rows and the inputs, and all
-  // zeros past the last block, where the pipelined forward still reads a batch), one cp.async group a call.
-  __device__ void issue(std::int64_t b, std::int64_t k, float* xs, int tl) const {
-    const std::int64_t r0 = b * block + k * RB, left = block_rows(b) - k * RB;
-    const int n = left <= 0 ? 0 : left < RB ? static_cast<int>(left) : RB;
-    if (vec16) {
+  // The team's next batch: the block's next, else the first of its next block. nteams: teams in the grid.
+  __device__ void advance(Cursor& c, std::int64_t nteams) const {
+    c.r += RB;
+    if (c.r >= c.end) c = cursor_at(c.b + nteams);
+  }
+  // Start the copy of the cursor's batch into xs (32 x LDX; zeros past the block's rows and the inputs, and
+  // all zeros past the last block, where the pipelined forward still reads a batch), one cp.async group a call.
+  __device__ void issue(const Cursor& cur, float* xs, int tl) const {
+    const std::int64_t r0 = cur.r;
+    const int n = cur.rows_left();
+    if (vec16 && n == RB && n_in == NI) {
+      // A whole batch of 32-float rows is one run of memory: copy c of this thread is its first plus constants
+      // on both sides (c0 is a multiple of NI / 4, so the row offset and the column of each copy are fixed).
+      const float* const src = x + r0 * NI + 4 * tl;
+      const unsigned dst =
+          static_cast<unsigned>(__cvta_generic_to_shared(xs + (tl / (NI / 4)) * LDX + 4 * (tl % (NI / 4))));
+#pragma unroll
+      for (int c0 = 0; c0 < RB * NI / 4; c0 += WH * 32) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + (c0 / (NI / 4)) * LDX * 4),
+                     "l"(src + 4 * c0)
+                     : "memory");
+      }
+    } else if (vec16) {
 #pragma unroll
       for (int c0 = 0; c0 < RB * NI / 4; c0 += WH * 32) {
         const int c = c0 + tl, r = c / (NI / 4), q = c % (NI / 4);
@@ -782,15 +802,15 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
 
     // Three cursors over the team's batches: the current one (q), the next (its forward runs during this
     // one's output phase) and the one being copied in.
-    s.cb = first, s.ck = 0;
-    s.nb = s.cb, s.nk = s.ck;
-    advance(s.nb, s.nk, nteams);
-    s.pb = s.nb, s.pk = s.nk;
-    advance(s.pb, s.pk, nteams);
-    s.q = 0;
-    issue(s.cb, s.ck, xbuf, tl);
-    issue(s.nb, s.nk, xbuf + RB * LDX, tl);
-    load_y(s.cb, s.ck, lane, s.yc);
+    s.c = cursor_at(first);
+    s.n = s.c;
+    advance(s.n, nteams);
+    s.p = s.n;
+    advance(s.p, nteams);
+    s.qc = 0, s.qn = 1, s.qp = 2;
+    issue(s.c, xbuf, tl);
+    issue(s.n, xbuf + RB * LDX, tl);
+    load_y(s.c, lane, s.yc);
 
     __syncthreads();  // the W0^T fragments are in
     asm volatile("cp.async.wait_group 1;" ::: "memory");
@@ -800,7 +820,7 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
       forward(z, xbuf, w0f, s, wh, lane, g, tg);
       park(zp, z);
     }
-    while (s.cb < blocks) batch<A>(s, xbuf, part, w0f, gwp, zp, nteams, team, wh, lane, g, tg, tl);
+    while (s.c.b < blocks) batch<A>(s, xbuf, part, w0f, gwp, zp, nteams, team, wh, lane, g, tg, tl);
     asm volatile("cp.async.wait_all;" ::: "memory");
   }
 
@@ -809,8 +829,8 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
   // its gW0^T tiles wait in shared memory between batches, so the two batches' pre-activations and the
   // pipelined forward fit in the registers) and the targets of the current and next batch (lane = row).
   struct Step {
-    std::int64_t cb, ck, nb, nk, pb, pk;
-    int q;
+    Cursor c, n, p;
+    int qc, qn, qp;  // their x buffers
     float b0r[MT][2], w1r[MT][2][NOC], b1r[NOC];
     float gb0[MT][2], gw1[MT][2][NOC], gl[NOC], lsum;
     float yc[NOC], yn[NOC];
@@ -830,10 +850,10 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
     }
   };
 
-  // The targets of batch (b, k) for the row this lane stands for (0 past the rows).
-  __device__ void load_y(std::int64_t b, std::int64_t k, int lane, float (&v)[NOC]) const {
-    const std::int64_t row = b * block + k * RB + lane;
-    const bool ok = b < blocks && k * RB + lane < block_rows(b);
+  // The targets of the cursor's batch for the row this lane stands for (0 past the rows).
+  __device__ void load_y(const Cursor& cur, int lane, float (&v)[NOC]) const {
+    const std::int64_t row = cur.r + lane;
+    const bool ok = row < cur.end;
 #pragma unroll
     for (int o = 0; o < NOC; ++o) v[o] = ok && o < NO ? y[row * NO + o] : 0.0f;
   }
@@ -898,21 +918,20 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
   template <Activation A>
   __device__ void batch(Step& s, float* xbuf, float* part, const float* w0f, float* gwp, float* zp,
                         std::int64_t nteams, int team, int wh, int lane, int g, int tg, int tl) const {
-    const std::int64_t nrows = block_rows(s.cb);
-    const int n = nrows - s.ck * RB < RB ? static_cast<int>(nrows - s.ck * RB) : RB;
-    const std::int64_t r0 = s.cb * block + s.ck * RB;
-    const float* const xs = xbuf + (s.q % ST) * RB * LDX;
+    const int n = s.c.rows_left();
+    const std::int64_t r0 = s.c.r;
+    const float* const xs = xbuf + s.qc * RB * LDX;
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     team_sync(team);  // the next batch is in; every warp of the team is done with the previous batch
-    issue(s.pb, s.pk, xbuf + ((s.q + 2) % ST) * RB * LDX, tl);
-    load_y(s.nb, s.nk, lane, s.yn);
+    issue(s.p, xbuf + s.qp * RB * LDX, tl);
+    load_y(s.n, lane, s.yn);
 
     float zc[MT][NB][4];
     unpark(zp, zc);
     // The next batch's forward (past the last batch it reads zeros and is discarded).
     {
       float zn[MT][NB][4];
-      forward(zn, xbuf + ((s.q + 1) % ST) * RB * LDX, w0f, s, wh, lane, g, tg);
+      forward(zn, xbuf + s.qn * RB * LDX, w0f, s, wh, lane, g, tg);
       park(zp, zn);
     }
 
@@ -1022,7 +1041,7 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
         }
         mma2(gw, am, bh, bl);
       }
-      end_batch<true>(s, gw, gwp, zp, nrows, nteams, wh, lane, g, tg);
+      end_batch<true>(s, gw, gwp, zp, nteams, wh, lane, g, tg);
     } else {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
@@ -1065,16 +1084,16 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
         }
         mma3(gw, ah, al, bh, bl);
       }
-      end_batch<false>(s, gw, gwp, zp, nrows, nteams, wh, lane, g, tg);
+      end_batch<false>(s, gw, gwp, zp, nteams, wh, lane, g, tg);
     }
   }
 
   // A batch's end: the block's sums where it was the block's last batch, the gW0^T accumulators parked, the
   // cursors on to the next batch. Masked: gw and the b0 sums are without w1 (masked_grad).
   template <bool Masked>
-  __device__ void end_batch(Step& s, float (&gw)[MT][FT][4], float* gwp, float* zp, std::int64_t nrows,
-                            std::int64_t nteams, int wh, int lane, int g, int tg) const {
-    if ((s.ck + 1) * RB >= nrows) {
+  __device__ void end_batch(Step& s, float (&gw)[MT][FT][4], float* gwp, float* zp, std::int64_t nteams, int wh,
+                            int lane, int g, int tg) const {
+    if (s.c.last_of_block()) {
       if (group > 1) {
         // Grouped: the block's sums go to the team's row of the stage (after the parked arrays; zp is this
         // thread's slot of the second), then the group adds them up. The thread index through a volatile
@@ -1085,17 +1104,18 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
         float* const stage = zp + MT * NB * T * 4 - 4 * static_cast<int>(tid);
         finish_block<Masked, true>(s, gw, wh, lane, g, tg,
                                    stage + (static_cast<int>(tid) / (32 * WH)) * static_cast<int>(ld));
-        combine_group(s.cb, stage);
+        combine_group(s.c.b, stage);
       } else {
         finish_block<Masked>(s, gw, wh, lane, g, tg);
       }
     }
     park(gwp, gw);
     // On to the next batch.
-    s.cb = s.nb, s.ck = s.nk;
-    s.nb = s.pb, s.nk = s.pk;
-    advance(s.pb, s.pk, nteams);
-    ++s.q;
+    s.c = s.n;
+    s.n = s.p;
+    advance(s.p, nteams);
+    const int q = s.qc;
+    s.qc = s.qn, s.qn = s.qp, s.qp = q;
 #pragma unroll
     for (int o = 0; o < NOC; ++o) s.yc[o] = s.yn[o];
   }
@@ -1131,7 +1151,7 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
       out = srow;
     } else {
       (void)srow;
-      out = partials + s.cb * ld;
+      out = partials + s.c.b * ld;
     }
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
