@@ -593,6 +593,12 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
   static_assert(NOC == 1 || NOC == 4, "NOC: 1 or 4");
   // Whether this instantiation has the grouped path (mma_group): 32 hidden units, eight one-warp teams a CTA.
   static constexpr bool GROUPS = HP == 32;
+  // Whether b0 stays in a register quad per row tile, the C operand of the forward's first MMAs, instead of
+  // being copied into the accumulators every batch (32 moves a batch; ptxas keeps one register per value and
+  // builds the quad with moves unless the two copies are distinct loads). Measured on one H200 (docs/
+  // benchmarks.md, 23:53 UTC): 4M x 256 258.9 -> 254.1 ms per 100 steps, 1M x 128 unchanged, 1M x 32 2%
+  // slower (its registers were at the 255 cap already).
+  static constexpr bool BIAS_QUAD = HP == 256;
   // Whether the backward takes the mask form: one output and an activation whose derivative is 0 or 1 (relu,
   // identity). Then dZ[r][j] = d_r w1_j m_r[j] (m the derivative), so gW0[i][j] = w1_j sum_r m_r[j] (d_r x_r[i])
   // and gb0[j] = w1_j sum_r m_r[j] d_r: the backward MMAs' A operand is the mask, exact in TF32, so a product
@@ -628,15 +634,30 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
+  // d = a b + c, c separate from d.
+  __device__ static void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1,
+                             const float (&c)[4]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%11,%12,%13};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+  }
   // acc[m][n] += a[m] b[n] for every tile pair, in 3xTF32: every lo*hi MMA, then every hi*lo, then every
-  // hi*hi, so an accumulator's three dependent MMAs are M*N MMAs apart.
-  template <int M, int N>
+  // hi*hi, so an accumulator's three dependent MMAs are M*N MMAs apart. Init: acc[m][n] starts from c[m]
+  // (the first MMA's C operand) instead of its own value.
+  template <int M, int N, bool Init = false>
   __device__ static void mma3(float (&acc)[M][N][4], const std::uint32_t (&ahi)[M][4], const std::uint32_t (&alo)[M][4],
-                              const std::uint32_t (&bhi)[N][2], const std::uint32_t (&blo)[N][2]) {
+                              const std::uint32_t (&bhi)[N][2], const std::uint32_t (&blo)[N][2], const float (&c)[M][4]) {
 #pragma unroll
     for (int m = 0; m < M; ++m) {
 #pragma unroll
-      for (int n = 0; n < N; ++n) mma(acc[m][n], alo[m], bhi[n][0], bhi[n][1]);
+      for (int n = 0; n < N; ++n) {
+        if constexpr (Init) {
+          mma(acc[m][n], alo[m], bhi[n][0], bhi[n][1], c[m]);
+        } else {
+          mma(acc[m][n], alo[m], bhi[n][0], bhi[n][1]);
+        }
+      }
     }
 #pragma unroll
     for (int m = 0; m < M; ++m) {
@@ -649,6 +670,13 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
       for (int n = 0; n < N; ++n) mma(acc[m][n], ahi[m], bhi[n][0], bhi[n][1]);
     }
   }
+  template <int M, int N>
+  __device__ static void mma3(float (&acc)[M][N][4], const std::uint32_t (&ahi)[M][4], const std::uint32_t (&alo)[M][4],
+                              const std::uint32_t (&bhi)[N][2], const std::uint32_t (&blo)[N][2]) {
+    const float none[M][4] = {};
+    mma3<M, N, false>(acc, ahi, alo, bhi, blo, none);
+  }
+
   // acc[m][n] += a[m] b[n] where a is exact in TF32 (a mask of 0s and 1s): every a*lo MMA, then every a*hi.
   template <int M, int N>
   __device__ static void mma2(float (&acc)[M][N][4], const std::uint32_t (&a)[M][4], const std::uint32_t (&bhi)[N][2],
@@ -791,7 +819,19 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
 #pragma unroll
       for (int hb = 0; hb < 2; ++hb) {
         const int j = wh * 32 + mt * 16 + hb * 8 + g;
-        s.b0r[mt][hb] = j < H ? params[b0off + j] : 0.0f;
+        // Two copies the compiler cannot tell are equal (the second a volatile load), or it keeps one register
+        // and builds the quad with moves before every use (ptxas propagates a plain or volatile move).
+        float v = 0.0f, w = 0.0f;
+        if (j < H) {
+          v = params[b0off + j];
+          if constexpr (BIAS_QUAD) {
+            asm volatile("ld.volatile.global.f32 %0, [%1];" : "=f"(w) : "l"(params + b0off + j));
+          } else {
+            w = v;
+          }
+        }
+        s.b0q[mt][2 * hb] = v;
+        s.b0q[mt][2 * hb + 1] = w;
 #pragma unroll
         for (int o = 0; o < NOC; ++o) s.w1r[mt][hb][o] = (j < H && o < NO) ? params[w1off + j * NO + o] : 0.0f;
       }
@@ -831,7 +871,8 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
   struct Step {
     Cursor c, n, p;
     int qc, qn, qp;  // their x buffers
-    float b0r[MT][2], w1r[MT][2][NOC], b1r[NOC];
+    // b0 for each row tile's units {g, g, g + 8, g + 8}; with BIAS_QUAD a register quad kept for the kernel.
+    float b0q[MT][4], w1r[MT][2][NOC], b1r[NOC];
     float gb0[MT][2], gw1[MT][2][NOC], gl[NOC], lsum;
     float yc[NOC], yn[NOC];
     __device__ void clear() {
@@ -858,15 +899,18 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
     for (int o = 0; o < NOC; ++o) v[o] = ok && o < NO ? y[row * NO + o] : 0.0f;
   }
 
-  // z = W0^T x + b0 for the batch in xs: small terms first in each k step.
+  // z = W0^T x + b0 for the batch in xs: small terms first in each k step; with BIAS_QUAD the first MMA of each
+  // accumulator adds b0 as its C operand, else the accumulators start as b0.
   __device__ static void forward(float (&z)[MT][NB][4], const float* xs, const float* w0f, const Step& s, int wh,
                                  int lane, int g, int tg) {
+    if constexpr (!BIAS_QUAD) {
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
+      for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int nt = 0; nt < NB; ++nt) {
-        z[mt][nt][0] = z[mt][nt][1] = s.b0r[mt][0];
-        z[mt][nt][2] = z[mt][nt][3] = s.b0r[mt][1];
+        for (int nt = 0; nt < NB; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) z[mt][nt][e] = s.b0q[mt][e];
+        }
       }
     }
 #pragma unroll
@@ -885,7 +929,11 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
         split(xs[(nt * 8 + g) * LDX + kt * 8 + tg], bh[nt][0], bl[nt][0]);
         split(xs[(nt * 8 + g) * LDX + kt * 8 + tg + 4], bh[nt][1], bl[nt][1]);
       }
-      mma3(z, whi, wlo, bh, bl);
+      if (kt == 0 && BIAS_QUAD) {
+        mma3<MT, NB, true>(z, whi, wlo, bh, bl, s.b0q);
+      } else {
+        mma3(z, whi, wlo, bh, bl);
+      }
     }
   }
 
@@ -1203,6 +1251,23 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
     // Barrier ids: 0 is __syncthreads, 1..WR the teams' (team_sync, WH > 1: WR <= 4), 15 the group's.
     asm volatile("bar.sync 15, %0;" ::"r"(count) : "memory");
     float* const out = partials + sb * ld;
+    if (m == WR) {
+      // A whole group (all but perhaps the last): the same pairs as below, without the bounds.
+      const int L = static_cast<int>(ld);
+      for (int p = static_cast<int>(tid); p < L; p += count) {
+        float v[WR];
+#pragma unroll
+        for (int k = 0; k < WR; ++k) v[k] = stage[k * L + p];
+#pragma unroll
+        for (int stride = 1; stride < WR; stride *= 2) {
+#pragma unroll
+          for (int k = 0; k + stride < WR; k += 2 * stride) v[k] += v[k + stride];
+        }
+        out[p] = v[0];
+      }
+      asm volatile("bar.sync 15, %0;" ::"r"(count) : "memory");
+      return;
+    }
     for (int p = static_cast<int>(tid); p < ld; p += count) {
       float v[WR];
 #pragma unroll
