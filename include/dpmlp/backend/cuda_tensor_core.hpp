@@ -642,55 +642,39 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
         : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
   }
-  // acc[m][n] += a[m] b[n] for every tile pair, in 3xTF32: every lo*hi MMA, then every hi*lo, then every
-  // hi*hi, so an accumulator's three dependent MMAs are M*N MMAs apart. Init: acc[m][n] starts from c[m]
-  // (the first MMA's C operand) instead of its own value.
+  // acc[m][n] += a[m] b[n], one MMA for every tile pair (Init: acc[m][n] = a[m] b[n] + c[m], c the first MMA's
+  // C operand instead of acc's own value).
   template <int M, int N, bool Init = false>
-  __device__ static void mma3(float (&acc)[M][N][4], const std::uint32_t (&ahi)[M][4], const std::uint32_t (&alo)[M][4],
-                              const std::uint32_t (&bhi)[N][2], const std::uint32_t (&blo)[N][2], const float (&c)[M][4]) {
+  __device__ static void mma_each(float (&acc)[M][N][4], const std::uint32_t (&a)[M][4], const std::uint32_t (&b)[N][2],
+                                  const float (*c)[4] = nullptr) {
 #pragma unroll
     for (int m = 0; m < M; ++m) {
 #pragma unroll
       for (int n = 0; n < N; ++n) {
         if constexpr (Init) {
-          mma(acc[m][n], alo[m], bhi[n][0], bhi[n][1], c[m]);
+          mma(acc[m][n], a[m], b[n][0], b[n][1], c[m]);
         } else {
-          mma(acc[m][n], alo[m], bhi[n][0], bhi[n][1]);
+          mma(acc[m][n], a[m], b[n][0], b[n][1]);
         }
       }
     }
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-#pragma unroll
-      for (int n = 0; n < N; ++n) mma(acc[m][n], ahi[m], blo[n][0], blo[n][1]);
-    }
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-#pragma unroll
-      for (int n = 0; n < N; ++n) mma(acc[m][n], ahi[m], bhi[n][0], bhi[n][1]);
-    }
   }
-  template <int M, int N>
+  // acc[m][n] += a[m] b[n] for every tile pair, in 3xTF32: every lo*hi MMA, then every hi*lo, then every
+  // hi*hi, so an accumulator's three dependent MMAs are M*N MMAs apart. Init: acc[m][n] starts from c[m].
+  template <int M, int N, bool Init = false>
   __device__ static void mma3(float (&acc)[M][N][4], const std::uint32_t (&ahi)[M][4], const std::uint32_t (&alo)[M][4],
-                              const std::uint32_t (&bhi)[N][2], const std::uint32_t (&blo)[N][2]) {
-    const float none[M][4] = {};
-    mma3<M, N, false>(acc, ahi, alo, bhi, blo, none);
+                              const std::uint32_t (&bhi)[N][2], const std::uint32_t (&blo)[N][2],
+                              const float (*c)[4] = nullptr) {
+    mma_each<M, N, Init>(acc, alo, bhi, c);
+    mma_each(acc, ahi, blo);
+    mma_each(acc, ahi, bhi);
   }
-
   // acc[m][n] += a[m] b[n] where a is exact in TF32 (a mask of 0s and 1s): every a*lo MMA, then every a*hi.
   template <int M, int N>
   __device__ static void mma2(float (&acc)[M][N][4], const std::uint32_t (&a)[M][4], const std::uint32_t (&bhi)[N][2],
                               const std::uint32_t (&blo)[N][2]) {
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-#pragma unroll
-      for (int n = 0; n < N; ++n) mma(acc[m][n], a[m], blo[n][0], blo[n][1]);
-    }
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-#pragma unroll
-      for (int n = 0; n < N; ++n) mma(acc[m][n], a[m], bhi[n][0], bhi[n][1]);
-    }
+    mma_each(acc, a, blo);
+    mma_each(acc, a, bhi);
   }
   __device__ static void team_sync(int team) {
     if constexpr (WH == 1) {
