@@ -1268,37 +1268,31 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
     // Barrier ids: 0 is __syncthreads, 1..WR the teams' (team_sync, WH > 1: WR <= 4), 15 the group's.
     asm volatile("bar.sync 15, %0;" ::"r"(count) : "memory");
     float* const out = partials + sb * ld;
+    // A whole group (all but perhaps the last) without the bounds.
     if (m == WR) {
-      // A whole group (all but perhaps the last): the same pairs as below, without the bounds.
-      const int L = static_cast<int>(ld);
-      for (int p = static_cast<int>(tid); p < L; p += count) {
-        float v[WR];
-#pragma unroll
-        for (int k = 0; k < WR; ++k) v[k] = stage[k * L + p];
-#pragma unroll
-        for (int stride = 1; stride < WR; stride *= 2) {
-#pragma unroll
-          for (int k = 0; k + stride < WR; k += 2 * stride) v[k] += v[k + stride];
-        }
-        out[p] = v[0];
-      }
-      asm volatile("bar.sync 15, %0;" ::"r"(count) : "memory");
-      return;
+      sum_group<true>(out, stage, static_cast<int>(tid), count, m);
+    } else {
+      sum_group<false>(out, stage, static_cast<int>(tid), count, m);
     }
-    for (int p = static_cast<int>(tid); p < ld; p += count) {
+    asm volatile("bar.sync 15, %0;" ::"r"(count) : "memory");
+  }
+  // The group's m staged rows summed column by column into out, in the block tree's pairs (Whole: m == WR).
+  template <bool Whole>
+  __device__ void sum_group(float* out, const float* stage, int tid, int count, int m) const {
+    const int L = static_cast<int>(ld);
+    for (int p = tid; p < L; p += count) {
       float v[WR];
 #pragma unroll
-      for (int k = 0; k < WR; ++k) v[k] = k < m ? stage[k * ld + p] : 0.0f;
+      for (int k = 0; k < WR; ++k) v[k] = (Whole || k < m) ? stage[k * L + p] : 0.0f;
 #pragma unroll
       for (int stride = 1; stride < WR; stride *= 2) {
 #pragma unroll
         for (int k = 0; k + stride < WR; k += 2 * stride) {
-          if (k + stride < m) v[k] += v[k + stride];
+          if (Whole || k + stride < m) v[k] += v[k + stride];
         }
       }
       out[p] = v[0];
     }
-    asm volatile("bar.sync 15, %0;" ::"r"(count) : "memory");
   }
 
 #endif  // __CUDACC__
