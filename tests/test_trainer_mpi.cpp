@@ -73,9 +73,9 @@ TEST_CASE("fused and tensor engines: bitwise the one-device parameters", "[train
       // 1024 blocks: on CUDA the tensor engine's register-resident kernel, at every rank count (the kernel is
       // chosen from the global block count; chosen from a rank's share, 2 ranks ran the other kernel).
       {{8, 16, 1}, dpmlp::Activation::relu, 16384, 16},
-      // On a GPU of 132 SMs the register-resident kernel groups its blocks (backend::mma_group) from 1056
-      // blocks a rank: 1500 blocks group at 1 rank and not at 2 (the same bits either way), 2500 at 1 and 2
-      // ranks (ranks own whole groups; the last group is short) and not at 3.
+      // On a GPU of 132 SMs the register-resident kernel groups its blocks (backend::mma_group) from 924
+      // blocks a rank (7/8 of its 1056 teams): 1500 blocks group at 1 rank and not at 2 (the same bits either
+      // way), 2500 at 1 and 2 ranks (ranks own whole groups; the last group is short) and not at 3.
       {{8, 16, 1}, dpmlp::Activation::relu, 24000, 16},  {{8, 16, 1}, dpmlp::Activation::tanh, 40000 - 7, 16},
   };
   for (const auto& c : cases) {

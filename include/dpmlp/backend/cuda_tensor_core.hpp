@@ -1395,20 +1395,22 @@ inline TensorKernel tensor_kernel_for(int inputs, int hidden, int outputs, std::
   return TensorKernel::none;
 }
 
-// How many blocks a row of the register-resident kernel's partial sums holds, for a model of this shape whose
-// steps have `global_blocks` blocks over `ranks` ranks: at 32 hidden units its CTA's eight teams take eight
-// consecutive blocks at once and sum them in the block tree's shape before writing (the tree's first three
-// levels, in shared memory), so the partial sums and the tree over them are eight times smaller.
-// The sums are the same bits either way (a group is a subtree); what changes is the layout: ranks then own
-// whole groups (the trainer's plan has blocks of block_rows x group rows), so the value must be the same on
-// every rank (the trainer takes the smallest). Only where every team of every SM has a block (fewer blocks:
-// the team-major order spreads them over more SMs) and the staged sums fit the shared memory. Only at 32
-// hidden units (teams of one warp) and one output: at 64 hidden units (teams of two warps) compute-sanitizer's
-// racecheck reported shared-memory hazards between the staging and the sum for some shapes with a short last
-// group (7 inputs, 50 hidden units): combine_group's read of the stage against finish_block's staged stores
-// (compute-sanitizer with -lineinfo), also when no warp of the CTA exits early (so not the teams without a
-// block), still unexplained, although every grouped row was bitwise right; at four outputs too. Those models
-// keep a row a block. DPMLP_MMA_GROUP=1 turns it off (measurements).
+// How many blocks a row of the register-resident kernel's partial sums holds, for a model of this shape whose steps
+// have `global_blocks` blocks over `ranks` ranks: at 32 hidden units its CTA's eight teams take eight consecutive
+// blocks at once and sum them in the block tree's shape before writing (the tree's first three levels, in shared
+// memory), so the partial sums and the tree over them are eight times smaller. The sums are the same bits either way
+// (a group is a subtree); what changes is the layout: ranks then own whole groups (the trainer's plan has blocks of
+// block_rows x group rows), so the value must be the same on every rank (the trainer takes the smallest). Only where
+// at least 7/8 of the teams of every SM would have a block (with fewer, the team-major order, spreading them over
+// more SMs, keeps more SMs busy than the grouped CTAs would) and the staged sums fit the shared memory. (From 7/8
+// rather than all: at 1M x 32 with 1024-row blocks, 1024 blocks for 1056 teams, grouping made the step 9.99 -> 9.33
+// ms per 100 steps on one H200, the engine's time the same and the partial sums 8 times fewer; docs/benchmarks.md,
+// 02:25 UTC.) Only at 32 hidden units (teams of one warp) and one output: at 64 hidden units (teams of two warps)
+// compute-sanitizer's racecheck reported shared-memory hazards between the staging and the sum for some shapes with a
+// short last group (7 inputs, 50 hidden units): combine_group's read of the stage against finish_block's staged
+// stores (compute-sanitizer with -lineinfo), also when no warp of the CTA exits early (so not the teams without a
+// block), still unexplained, although every grouped row was bitwise right; at four outputs too. Those models keep a
+// row a block. DPMLP_MMA_GROUP=1 turns it off (measurements).
 inline int mma_group(int hidden, int outputs, std::int64_t global_blocks, int ranks) {
   static const bool off = [] {
     const char* v = std::getenv("DPMLP_MMA_GROUP");
@@ -1420,7 +1422,7 @@ inline int mma_group(int hidden, int outputs, std::int64_t global_blocks, int ra
     return 1;
   }
   const std::int64_t sms = tensor_device().sms > 0 ? tensor_device().sms : 1;
-  return global_blocks >= std::int64_t(ranks > 0 ? ranks : 1) * sms * teams ? teams : 1;
+  return global_blocks * 8 >= std::int64_t(ranks > 0 ? ranks : 1) * sms * teams * 7 ? teams : 1;
 }
 
 // The reason the tensor engine cannot run this one-hidden-layer model here, or "".
