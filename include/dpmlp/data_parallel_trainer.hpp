@@ -245,7 +245,8 @@ class DataParallelTrainer {
                  : default_block_rows(global_rows, detail::BlockEngine<ExecSpace, Scalar>::sums_per_block(model));
     // The tree's leaves: groups of group_ blocks where the engine sums them itself (the same bits: a group is a
     // subtree), so ranks own whole groups. Every rank must take the same group: the smallest of theirs.
-    group_ = detail::BlockEngine<ExecSpace, Scalar>::leaf_group(model_, engine_kind, global_blocks(), comm_.size());
+    group_ = detail::BlockEngine<ExecSpace, Scalar>::leaf_group(model_, engine_kind, global_blocks(), comm_.size(),
+                                                                 block_);
     detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &group_, 1, MPI_INT, MPI_MIN, c), "MPI_Allreduce");
     plan_ = BlockTreePlan(global_rows, block_ * group_, comm_.rank(), comm_.size());
     gemm_ = options.gemm ? *options.gemm : linalg::default_backend<ExecSpace>(options.reduction == Reduction::reproducible);
@@ -653,7 +654,7 @@ Scalar value_and_grad(const ExecSpace& space, const Mlp<Scalar, typename ExecSpa
   const std::int64_t block = block_rows > 0 ? block_rows : default_block_rows(rows, engine_t::sums_per_block(model));
   const Engine kind = engine_t::resolve_engine(model, engine);
   const std::int64_t nblocks = (rows + block - 1) / block;
-  const int group = engine_t::leaf_group(model, kind, nblocks, 1);
+  const int group = engine_t::leaf_group(model, kind, nblocks, 1, block);
   const BlockTreePlan plan(rows, block * group, 0, 1);
   const auto backend = linalg::default_backend<ExecSpace>(true);
   engine_t blocks(model, rows, block, backend, kind, nblocks, group);

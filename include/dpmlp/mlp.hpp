@@ -188,7 +188,7 @@ class BlockEngine {
               Engine engine = Engine::layered, std::int64_t global_blocks = 0, int group = 1)
       : model_(model), rows_(rows), block_(block), group_(group), gemm_(gemm), kind_(engine) {
     blocks_ = (rows + block - 1) / block;
-    tensor_kernel_ = tensor_kernel_for(model, kind_, global_blocks > 0 ? global_blocks : blocks_);
+    tensor_kernel_ = tensor_kernel_for(model, kind_, global_blocks > 0 ? global_blocks : blocks_, block_);
     if (group_ != 1 && tensor_kernel_ != 1) {
       throw InputError("dpmlp: a group of " + std::to_string(group_) +
                        " blocks a partial-sum row needs the tensor engine's register-resident kernel");
@@ -211,32 +211,35 @@ class BlockEngine {
                                                        rows);
   }
 
-  // Which tensor kernel `engine` runs for this model at `global_blocks` blocks a step (tensor_kernel()'s code).
-  static int tensor_kernel_for(const Mlp<Scalar, memory_space>& model, Engine engine, std::int64_t global_blocks) {
+  // Which tensor kernel `engine` runs for this model at `global_blocks` blocks a step of `block_rows` rows each
+  // (0: not known; tensor_kernel()'s code).
+  static int tensor_kernel_for(const Mlp<Scalar, memory_space>& model, Engine engine, std::int64_t global_blocks,
+                               std::int64_t block_rows = 0) {
 #if defined(KOKKOS_ENABLE_CUDA)
     if constexpr (tensor_space) {
       if (engine == Engine::tensor) {
-        return static_cast<int>(
-            backend::tensor_kernel_for(model.inputs(), model.widths()[1], model.outputs(), global_blocks));
+        return static_cast<int>(backend::tensor_kernel_for(model.inputs(), model.widths()[1], model.outputs(),
+                                                           global_blocks, block_rows));
       }
     }
 #endif
-    (void)model, (void)engine, (void)global_blocks;
+    (void)model, (void)engine, (void)global_blocks, (void)block_rows;
     return 0;
   }
   // How many consecutive blocks a row of this engine's partial sums holds (summed in the block tree's shape,
   // so the same bits as a row a block) at `global_blocks` blocks a step over `ranks` ranks: more than one only
   // for the register-resident tensor kernel (backend::mma_group). The block tree's leaves are then groups: the
   // caller's BlockTreePlan takes blocks of block x group rows, the engine blocks of block rows.
-  static int leaf_group(const Mlp<Scalar, memory_space>& model, Engine engine, std::int64_t global_blocks, int ranks) {
+  static int leaf_group(const Mlp<Scalar, memory_space>& model, Engine engine, std::int64_t global_blocks, int ranks,
+                        std::int64_t block_rows = 0) {
 #if defined(KOKKOS_ENABLE_CUDA)
     if constexpr (tensor_space) {
-      if (tensor_kernel_for(model, engine, global_blocks) == 1) {
+      if (tensor_kernel_for(model, engine, global_blocks, block_rows) == 1) {
         return backend::mma_group(model.widths()[1], model.outputs(), global_blocks, ranks);
       }
     }
 #endif
-    (void)model, (void)engine, (void)global_blocks, (void)ranks;
+    (void)model, (void)engine, (void)global_blocks, (void)ranks, (void)block_rows;
     return 1;
   }
 

@@ -1378,9 +1378,16 @@ inline void launch_tensor_mma(const Kokkos::Cuda& space, const TensorProblem& p,
 // and the device's shared memory only. The register-resident kernel (32 or fewer inputs, its shared memory
 // fitting) from 128 * 8 / (hp / 32) blocks on: enough to fill half of its teams (8 / (hp / 32) an SM, a team
 // a block) on a 128-SM GPU split over two ranks; with fewer, the warp-matrix one, a CTA a block, spreads them
-// over more SMs (the seed's 313 blocks: 3.94 against 4.75 ms per 100 steps, 2xH200). Else none.
+// over more SMs (the seed's 313 blocks: 3.94 against 4.75 ms per 100 steps, 2xH200; again at 157 blocks of 64
+// rows, the seed's share of a GPU, on one H200, 2026-12-02: 1.91 against 2.27 ms). But also from 128 rows a
+// block on, whatever the block count: the warp-matrix kernel takes a block's rows 64 at a time in one CTA, so
+// its time grows with the block, and it was several times slower there (engine us a step, one H200, warp-
+// matrix against register-resident: 924 blocks of 1024 rows 462 against 84, 782 of 256 96 against 27, 782 of
+// 128 51 against 19; docs/benchmarks.md, 02:33 UTC). The default block sizes reach 128 rows only above 4096
+// blocks of 64, so this changes the kernel only for a block size the caller chose. Else none.
 // DPMLP_TENSOR_KERNEL=mma or wmma picks one where it fits (tests, measurements).
-inline TensorKernel tensor_kernel_for(int inputs, int hidden, int outputs, std::int64_t global_blocks) {
+inline TensorKernel tensor_kernel_for(int inputs, int hidden, int outputs, std::int64_t global_blocks,
+                                      std::int64_t block_rows = 0) {
   static const std::string forced = [] {
     const char* v = std::getenv("DPMLP_TENSOR_KERNEL");
     return std::string(v != nullptr ? v : "");
@@ -1389,7 +1396,8 @@ inline TensorKernel tensor_kernel_for(int inputs, int hidden, int outputs, std::
   const int ni = tensor_ni(inputs), hp = tensor_hp(hidden);
   const bool mma = ni == 32 && mma_scratch_bytes(hp, outputs == 1 ? 1 : 4) <= most;
   const bool wmma = tensor_scratch_bytes(ni, hp, outputs) <= most;
-  const bool prefer_mma = forced == "mma" || (forced != "wmma" && global_blocks >= 128 * (8 / (hp / 32)));
+  const bool prefer_mma =
+      forced == "mma" || (forced != "wmma" && (global_blocks >= 128 * (8 / (hp / 32)) || block_rows >= 128));
   if (mma && (prefer_mma || !wmma)) return TensorKernel::mma;
   if (wmma) return TensorKernel::wmma;
   return TensorKernel::none;
@@ -1441,7 +1449,8 @@ inline std::string tensor_unsupported(int inputs, int hidden, int outputs) {
 // group: blocks a row of partials sums (1, or mma_group's value for the register-resident kernel).
 inline void compute_tensor(const Kokkos::Cuda& space, const TensorProblem& p, int group = 1) {
   if (p.rows == 0 || p.blocks == 0) return;
-  const TensorKernel kernel = p.kernel != TensorKernel::none ? p.kernel : tensor_kernel_for(p.n_in, p.H, p.NO, p.blocks);
+  const TensorKernel kernel =
+      p.kernel != TensorKernel::none ? p.kernel : tensor_kernel_for(p.n_in, p.H, p.NO, p.blocks, p.block);
   if (group != 1 && (kernel != TensorKernel::mma || group != 8 || tensor_hp(p.H) != 32 || p.NO != 1)) {
     throw Error("dpmlp: tensor engine: a group of " + std::to_string(group) + " blocks a partial-sum row, which " +
                 "only the register-resident kernel takes, as 8, at 32 or fewer hidden units and one output");
