@@ -313,6 +313,81 @@ TEST_CASE("the grouped tensor kernel writes the block tree's nodes, bitwise", "[
   }
 }
 
+// The register-resident kernel's paired schedule (backend::TensorPairKernel: a forward warp and a backward warp
+// a team) runs at 32 or fewer hidden units, one output, relu or identity, in place of the one-warp teams; it
+// must give their sums bit for bit (DPMLP_MMA_PAIR=0 turns it off, read at every step), grouped or not, with
+// short last blocks and groups, fewer than 32 inputs or hidden units, and a window of rows (a mini-batch).
+TEST_CASE("the paired register-resident schedule gives the one-warp teams' bits", "[mlp][tensor]") {
+  using Engine = dpmlp::detail::BlockEngine<Space, float>;
+  struct Shape {
+    std::vector<int> widths;
+    dpmlp::Activation act;
+  };
+  const std::vector<Shape> shapes = {{{32, 32, 1}, dpmlp::Activation::relu},
+                                     {{32, 32, 1}, dpmlp::Activation::identity},
+                                     {{20, 17, 1}, dpmlp::Activation::relu},
+                                     {{31, 32, 1}, dpmlp::Activation::relu}};
+  if (!Engine::tensor_unsupported(dpmlp::Mlp<float, Memory>({32, 32, 1})).empty()) return;  // CPU: no tensor engine
+  std::mt19937 gen(23);
+  const std::int64_t many = std::int64_t(1) << 20;
+  int compared = 0;
+  for (const auto& sh : shapes) {
+    dpmlp::Mlp<float, Memory> model(sh.widths, sh.act);
+    model.init_jax(dpmlp::random::PRNGKey(9), 0.3f);
+    if (Engine::tensor_kernel_for(model, dpmlp::Engine::tensor, many) != 1) {
+      WARN("the register-resident kernel does not run here (its shared memory)");
+      continue;
+    }
+    const int most = Engine::leaf_group(model, dpmlp::Engine::tensor, many, 1);
+    for (const int group : {1, most}) {
+      for (const std::int64_t block : {std::int64_t(64), std::int64_t(40), std::int64_t(300)}) {
+        const std::int64_t rows = block * (3 * 8 + 2) + 17;
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        Kokkos::View<float**, Kokkos::LayoutRight, Memory> x("x", rows, sh.widths[0]), y("y", rows, 1);
+        Kokkos::View<std::int64_t*, Memory> position("position", rows);
+        auto hx = Kokkos::create_mirror_view(x);
+        auto hy = Kokkos::create_mirror_view(y);
+        auto hp = Kokkos::create_mirror_view(position);
+        for (std::int64_t r = 0; r < rows; ++r) {
+          for (int i = 0; i < sh.widths[0]; ++i) hx(r, i) = nd(gen);
+          hy(r, 0) = nd(gen);
+          hp(r) = (r * 7919) % rows;
+        }
+        Kokkos::deep_copy(x, hx);
+        Kokkos::deep_copy(y, hy);
+        Kokkos::deep_copy(position, hp);
+        Engine e(model, rows, block, dpmlp::linalg::default_backend<Space>(true), dpmlp::Engine::tensor, many, group);
+        REQUIRE(e.tensor_kernel() == 1);
+#if defined(KOKKOS_ENABLE_CUDA)
+        dpmlp::backend::TensorProblem tp;
+        tp.H = sh.widths[1];
+        tp.act = sh.act;
+        if (!dpmlp::backend::mma_pair_runs(tp, group)) {
+          WARN("the paired schedule does not run here (its shared memory)");
+          continue;
+        }
+#endif
+        for (const bool windowed : {false, true}) {
+          dpmlp::detail::RowWindow window;
+          if (windowed) window = dpmlp::detail::RowWindow{position.data(), rows / 3, rows / 3 + rows / 4};
+          setenv("DPMLP_MMA_PAIR", "0", 1);
+          e.compute(Space(), x, y, 0.25f, window);
+          unsetenv("DPMLP_MMA_PAIR");
+          auto a = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), e.partials());
+          e.compute(Space(), x, y, 0.25f, window);
+          auto b = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), e.partials());
+          INFO("widths " << sh.widths[0] << "-" << sh.widths[1] << "-1, " << dpmlp::activation_name(sh.act) << ", group "
+                         << group << ", block " << block << ", rows " << rows << ", window " << windowed);
+          REQUIRE(a.extent(0) == b.extent(0));
+          CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+          ++compared;
+        }
+      }
+    }
+  }
+  if (compared == 0) WARN("nothing compared here");
+}
+
 TEST_CASE("Engine::fused refuses a model it cannot run, saying why", "[mlp][fused]") {
   Kokkos::View<float**, Kokkos::LayoutRight, Memory> x("x", 10, 4), y("y", 10, 1);
   const auto refuse = [&](std::vector<int> widths, const char* why) {

@@ -1312,6 +1312,382 @@ __global__ void __launch_bounds__(256, TensorMmaKernel<HP, NOC>::MIN_BLOCKS)
 }
 #endif
 
+// ---------------------------------------------------------------------------------------------------------
+// The register-resident kernel's paired schedule (32 hidden units, one output, relu or identity): each team
+// is two warps, one for the forward and one for the backward, instead of one warp doing both.
+//
+// Why: with one warp doing a batch's whole chain (forward MMAs, bias and activation, the output sums, the
+// deltas, the backward MMAs) the warp holds the pre-activations and the gW0 accumulators at once, 240-255
+// registers, so an SM holds 8 warps, two a scheduler, and Nsight Compute found the kernel bound by the
+// latency of that chain (an instruction every ~5 warp cycles, the tensor pipe ~40% busy; docs/benchmarks.md).
+// Split in two, the state splits too: the forward warp F keeps the pre-activations and the b0 / W1 / b1 /
+// loss sums, the backward warp B keeps the gW0 accumulators, each under 128 registers, so a CTA of 16 warps
+// fits an SM, and each warp's chain is half as long. F hands B, per batch, what the mask-form backward
+// needs (TensorMmaKernel::masked_grad): the 0/1 mask of each of its lane's 32 values as one bit word (B's
+// A-operand fragment wants exactly the values F's lane held) and each row's output delta; at a block's last
+// batch F's finished b0 / W1 / b1 / loss sums too. B adds the block's sums up and writes the block's row (or
+// stages it and, grouped, adds the group up with the other teams' B warps: combine_group).
+// Same arithmetic in the same order as TensorMmaKernel<32, 1> (the forward, the output reduce-scatter, the
+// deltas, the mask-form MMAs over the same operands, the same finish), so the same bits: tests compare the
+// two bit for bit. The handoff is a ring of R slots a team (x buffer and handoff words), with two mbarriers a
+// slot: `full` (F's 32 lanes arrive when the slot's x is in and its words are written) and `empty` (B's 32
+// lanes arrive when done with it); F runs up to R - 1 batches ahead.
+inline constexpr int mma_pair_slots = 4;
+// Words a handoff slot holds: each row's delta (32), each lane's mask bits (32), and at a block's last batch
+// F's finished sums (b0 and W1 for 32 units, b1, the loss: 66), padded to a multiple of 4.
+inline constexpr int mma_pair_words = 132;
+
+// Shared memory of the paired kernel, in bytes: the mbarriers (8 teams x R x 2), then per team R x batches of
+// x (32 x 36 floats), the split W0^T fragments (32 x 32 x 2), the handoff slots (8 x R x words) and, grouped,
+// each team's block sums (the register-resident kernel's stage).
+inline std::size_t mma_pair_scratch_bytes(bool grouped) {
+  const std::size_t teams = 8, staged = grouped ? teams * (34 * 32 + 2) : 0;
+  return 128 + teams * mma_pair_slots * 2 * sizeof(std::uint64_t) +
+         (teams * mma_pair_slots * mma_batch_rows * 36 + 32 * 32 * 2 + teams * mma_pair_slots * mma_pair_words +
+          staged) *
+             sizeof(float);
+}
+
+#if defined(__CUDACC__)
+// A CTA-scope mbarrier in shared memory (sm_80 and newer): init by one thread before a __syncthreads; arrive;
+// wait for the phase of the given parity to complete.
+__device__ inline unsigned shared_address(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+__device__ inline void mbarrier_init(std::uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count) : "memory");
+}
+__device__ inline void mbarrier_arrive(std::uint64_t* bar) {
+  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared.b64 st, [%0];\n}" ::"r"(shared_address(bar)) : "memory");
+}
+__device__ inline void mbarrier_wait(std::uint64_t* bar, unsigned parity) {
+  unsigned done = 0;
+  do {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done)
+                 : "r"(shared_address(bar)), "r"(parity)
+                 : "memory");
+#else
+    asm volatile("{\n .reg .pred p;\n mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(done)
+                 : "r"(shared_address(bar)), "r"(parity)
+                 : "memory");
+#endif
+  } while (done == 0);
+}
+#endif
+
+struct TensorPairKernel : TensorMmaKernel<32, 1> {
+  using base = TensorMmaKernel<32, 1>;
+  static constexpr int TP = 512, R = mma_pair_slots, HW = mma_pair_words;
+  // Handoff slot offsets, in words: each row's delta, each lane's mask bits, F's finished sums.
+  static constexpr int H_D = 0, H_MASK = 32, H_SUMS = 64;
+
+  std::size_t scratch_bytes() const { return mma_pair_scratch_bytes(group > 1); }
+
+#if defined(__CUDACC__)
+  __device__ void run(char* smem) const {
+    if (act == Activation::relu) return run_as<Activation::relu>(smem);
+    return run_as<Activation::identity>(smem);
+  }
+
+  template <Activation A>
+  __device__ void run_as(char* smem) const {
+    const int t = static_cast<int>(threadIdx.x), warp = t / 32, lane = t % 32, g = lane / 4, tg = lane % 4;
+    // Warps 0-7: the teams' B warps (threads 0-255, so combine_group's thread ids and counts hold as they
+    // are); warps 8-15: their F warps.
+    const bool fwd = warp >= WR;
+    const int team = fwd ? warp - WR : warp;
+    const std::int64_t nteams = std::int64_t(gridDim.x) * WR;
+    std::int64_t first = std::int64_t(team) * gridDim.x + blockIdx.x;
+    if (group > 1) first = std::int64_t(blockIdx.x) * WR + team;
+
+    char* const top = reinterpret_cast<char*>(align_shared_128(smem));
+    std::uint64_t* const bars = reinterpret_cast<std::uint64_t*>(top) + team * R * 2;  // [slot][full, empty]
+    float* const base_f = reinterpret_cast<float*>(top + WR * R * 2 * sizeof(std::uint64_t));
+    float* const xbuf = base_f + team * R * RB * LDX;
+    float* const w0f = base_f + WR * R * RB * LDX;
+    float* const hand = w0f + 32 * NI * 2 + team * R * HW;
+    float* const stage = w0f + 32 * NI * 2 + WR * R * HW;
+
+    // The W0^T fragments, split, by the first team's B warp (as the unpaired kernel's team 0); the barriers.
+    if (warp == 0) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int kt = 0; kt < KT; ++kt) {
+          std::uint32_t hi[4], lo[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = kt * 8 + tg + 4 * (e / 2), j = mt * 16 + g + 8 * (e % 2);
+            split((i < n_in && j < H) ? params[w0off + i * H + j] : 0.0f, hi[e], lo[e]);
+          }
+          uint4* const dst = reinterpret_cast<uint4*>(w0f) + (mt * KT + kt) * 64 + lane;
+          dst[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+          dst[32] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+        }
+      }
+    }
+    if (!fwd && lane == 0) {
+      for (int q = 0; q < R; ++q) {
+        mbarrier_init(bars + 2 * q, 32);
+        mbarrier_init(bars + 2 * q + 1, 32);
+      }
+    }
+    __syncthreads();
+    if (fwd) {
+      forward_warp<A>(first, nteams, xbuf, w0f, hand, bars, lane, g, tg);
+    } else {
+      backward_warp(first, nteams, xbuf, hand, bars, stage, lane, g, tg);
+    }
+  }
+
+  // F: each batch's forward, outputs and deltas, handed to B.
+  template <Activation A>
+  __device__ void forward_warp(std::int64_t first, std::int64_t nteams, float* xbuf, const float* w0f, float* hand,
+                               std::uint64_t* bars, int lane, int g, int tg) const {
+    Step s;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int hb = 0; hb < 2; ++hb) {
+        const int j = mt * 16 + hb * 8 + g;
+        const float v = j < H ? params[b0off + j] : 0.0f;
+        s.b0q[mt][2 * hb] = v;
+        s.b0q[mt][2 * hb + 1] = v;
+        s.w1r[mt][hb][0] = j < H ? params[w1off + j * NO] : 0.0f;
+      }
+    }
+    s.b1r[0] = params[b1off];
+    s.clear();
+    s.c = cursor_at(first);
+    s.n = s.c;
+    advance(s.n, nteams);
+    issue(s.c, xbuf, lane);
+    for (int i = 0; s.c.b < blocks; ++i) {
+      const int q = i % R, qn = (i + 1) % R;
+      // The next batch's x into its slot, once B is done with the batch that slot held.
+      if (i + 1 >= R) mbarrier_wait(bars + 2 * qn + 1, static_cast<unsigned>((i + 1) / R - 1) & 1u);
+      issue(s.n, xbuf + qn * RB * LDX, lane);
+      load_y(s.c, lane, s.yc);
+      asm volatile("cp.async.wait_group 1;" ::: "memory");
+      __syncwarp();
+      const float* const xs = xbuf + q * RB * LDX;
+      float* const slot = hand + q * HW;
+      float zc[MT][NB][4];
+      forward(zc, xs, w0f, s, 0, lane, g, tg);
+
+      // Activations in place; the row sums over the warp's units by reduce-scatter (TensorMmaKernel::batch).
+      float p[NB][2];
+#pragma unroll
+      for (int nt = 0; nt < NB; ++nt) p[nt][0] = p[nt][1] = 0.0f;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < NB; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float h = activate(A, zc[mt][nt][e]);
+            zc[mt][nt][e] = h;
+            p[nt][e % 2] += h * s.w1r[mt][e / 2][0];
+          }
+        }
+      }
+      float v[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = p[k / 2][k % 2];
+#pragma unroll
+      for (int step = 0, half = 4; step < 3; ++step, half /= 2) {
+        const bool up = (lane >> (2 + step)) & 1;
+#pragma unroll
+        for (int k = 0; k < half; ++k) {
+          const float send = up ? v[k] : v[k + half], keep = up ? v[k + half] : v[k];
+          v[k] = keep + __shfl_xor_sync(0xffffffffu, send, 4 << step);
+        }
+      }
+      // Lane = row: the output, residual and output delta.
+      float d = 0.0f;
+      {
+        const int k = 2 * (lane / 8) + lane % 2, gi = 4 * (k & 1) + 2 * ((k >> 1) & 1) + (k >> 2);
+        const float own = __shfl_sync(0xffffffffu, v[0], 4 * gi + (lane % 8) / 2);
+        const std::int64_t row = s.c.r + lane;
+        if (lane < s.c.rows_left() && window.contains(row)) {
+          float out = 0.0f;
+          out += own;
+          const float res = out + s.b1r[0] - s.yc[0];
+          d = 2.0f * scale * res;
+          s.lsum += res * res;
+          s.gl[0] += d;
+        }
+      }
+      float dr[NB][2];
+#pragma unroll
+      for (int nt = 0; nt < NB; ++nt) {
+#pragma unroll
+        for (int bit = 0; bit < 2; ++bit) dr[nt][bit] = __shfl_sync(0xffffffffu, d, nt * 8 + 2 * tg + bit);
+      }
+      // The mask, and this thread's b0 (without w1) and W1 sums, in the unpaired kernel's order.
+      unsigned mask = 0;
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < NB; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float h = zc[mt][nt][e], m = activate_grad_from_output(A, h);
+            s.gw1[mt][e / 2][0] += h * dr[nt][e % 2];
+            s.gb0[mt][e / 2] += m * dr[nt][e % 2];
+            if (m != 0.0f) mask |= 1u << ((mt * NB + nt) * 4 + e);
+          }
+        }
+      }
+      slot[H_D + lane] = d;
+      reinterpret_cast<unsigned*>(slot)[H_MASK + lane] = mask;
+      if (s.c.last_of_block()) {
+        // finish_block's sums over t and over the rows (the same butterflies), for B to write (the lane as in
+        // backward_warp's finish).
+        const int ln = lane_volatile(), lg = ln / 4, lt = ln % 4;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+          for (int hb = 0; hb < 2; ++hb) {
+            s.gb0[mt][hb] += __shfl_xor_sync(0xffffffffu, s.gb0[mt][hb], 1);
+            s.gb0[mt][hb] += __shfl_xor_sync(0xffffffffu, s.gb0[mt][hb], 2);
+            s.gw1[mt][hb][0] += __shfl_xor_sync(0xffffffffu, s.gw1[mt][hb][0], 1);
+            s.gw1[mt][hb][0] += __shfl_xor_sync(0xffffffffu, s.gw1[mt][hb][0], 2);
+            if (lt == 0) {
+              const int j = mt * 16 + hb * 8 + lg;
+              slot[H_SUMS + j] = s.gb0[mt][hb];
+              slot[H_SUMS + 32 + j] = s.gw1[mt][hb][0];
+            }
+          }
+        }
+#pragma unroll
+        for (int o = 0; o <= 1; ++o) {
+          float& w = o < 1 ? s.gl[0] : s.lsum;
+#pragma unroll
+          for (int m = 16; m >= 1; m /= 2) w += __shfl_xor_sync(0xffffffffu, w, m);
+        }
+        if (ln == 0) {
+          slot[H_SUMS + 64] = s.gl[0];
+          slot[H_SUMS + 65] = s.lsum;
+        }
+        s.clear();
+      }
+      mbarrier_arrive(bars + 2 * q);  // the slot's x is in (this lane's copies waited for) and its words written
+      s.c = s.n;
+      advance(s.n, nteams);
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+  }
+
+  // B: each batch's backward MMAs from F's handoff; the block's sums.
+  __device__ void backward_warp(std::int64_t first, std::int64_t nteams, const float* xbuf, const float* hand,
+                                std::uint64_t* bars, float* stage, int lane, int g, int tg) const {
+    float w1r[MT][2];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int hb = 0; hb < 2; ++hb) {
+        const int j = mt * 16 + hb * 8 + g;
+        w1r[mt][hb] = j < H ? params[w1off + j * NO] : 0.0f;
+      }
+    }
+    float gw[MT][FT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int ft = 0; ft < FT; ++ft) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) gw[mt][ft][e] = 0.0f;
+      }
+    }
+    Cursor c = cursor_at(first);
+    for (int i = 0; c.b < blocks; ++i) {
+      const int q = i % R;
+      mbarrier_wait(bars + 2 * q, static_cast<unsigned>(i / R) & 1u);
+      const float* const xs = xbuf + q * RB * LDX;
+      const float* const slot = hand + q * HW;
+      const float d = slot[H_D + lane];
+      const unsigned mask = reinterpret_cast<const unsigned*>(slot)[H_MASK + lane];
+#pragma unroll
+      for (int nt = 0; nt < NB; ++nt) {
+        const float dr0 = __shfl_sync(0xffffffffu, d, nt * 8 + 2 * tg), dr1 = __shfl_sync(0xffffffffu, d, nt * 8 + 2 * tg + 1);
+        std::uint32_t am[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          const int bit = (mt * NB + nt) * 4;
+          am[mt][0] = (mask >> (bit + 0)) & 1u ? 0x3f800000u : 0u;  // unit g,     row 2t
+          am[mt][1] = (mask >> (bit + 2)) & 1u ? 0x3f800000u : 0u;  // unit g + 8, row 2t
+          am[mt][2] = (mask >> (bit + 1)) & 1u ? 0x3f800000u : 0u;  // unit g,     row 2t + 1
+          am[mt][3] = (mask >> (bit + 3)) & 1u ? 0x3f800000u : 0u;  // unit g + 8, row 2t + 1
+        }
+        std::uint32_t bh[FT][2], bl[FT][2];
+#pragma unroll
+        for (int ft = 0; ft < FT; ++ft) {
+          split(dr0 * xs[(nt * 8 + 2 * tg) * LDX + ft * 8 + g], bh[ft][0], bl[ft][0]);
+          split(dr1 * xs[(nt * 8 + 2 * tg + 1) * LDX + ft * 8 + g], bh[ft][1], bl[ft][1]);
+        }
+        mma2(gw, am, bh, bl);
+      }
+      if (c.last_of_block()) {
+        // finish_block<Masked>'s writes: gW0 and b0 times w1, W1, b1 and the loss as F summed them. The lane
+        // through a volatile asm, so the compiler cannot hoist these 40 addresses out of the batch loop (they
+        // are loop-invariant: held in registers across it, they spilled).
+        const int ln = lane_volatile(), lg = ln / 4, lt = ln % 4;
+        float* out = partials + c.b * ld;
+        if (group > 1) out = stage + team_of_warp() * ld;
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+          for (int ft = 0; ft < FT; ++ft) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int j = mt * 16 + lg + 8 * (e / 2), ii = ft * 8 + 2 * lt + e % 2;
+              if (ii < n_in && j < H) out[w0off + ii * H + j] = w1r[mt][e / 2] * gw[mt][ft][e];
+              gw[mt][ft][e] = 0.0f;
+            }
+          }
+#pragma unroll
+          for (int hb = 0; hb < 2; ++hb) {
+            const int j = mt * 16 + hb * 8 + lg;
+            if (lt == 0 && j < H) {
+              out[b0off + j] = w1r[mt][hb] * slot[H_SUMS + j];
+              out[w1off + j * NO] = slot[H_SUMS + 32 + j];
+            }
+          }
+        }
+        if (ln == 0) {
+          out[b1off] = slot[H_SUMS + 64];
+          out[ld - 1] = slot[H_SUMS + 65];
+        }
+        if (group > 1) combine_group(c.b, stage);
+      }
+      mbarrier_arrive(bars + 2 * q + 1);  // done with the slot
+      advance(c, nteams);
+    }
+  }
+
+  __device__ static int team_of_warp() { return static_cast<int>(threadIdx.x) / 32; }  // B warps: 0-7
+  __device__ static int lane_volatile() {
+    unsigned l;
+    asm volatile("mov.u32 %0, %%laneid;" : "=r"(l));
+    return static_cast<int>(l);
+  }
+#endif  // __CUDACC__
+};
+
+#if defined(__CUDACC__)
+__global__ void __launch_bounds__(512, 1) fused_tensor_pair(const TensorPairKernel k) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  extern __shared__ char dpmlp_tensor_smem[];
+  k.run(dpmlp_tensor_smem);
+#else
+  (void)k;
+  __trap();  // tensor_unsupported refuses devices below compute capability 8.0
+#endif
+}
+#endif
+
 // The current device's multiprocessors, opt-in shared memory a block and shared memory a multiprocessor
 // (read once a process; the peer exchange, backend/cuda_peer.hpp, sizes its grid from them too).
 struct TensorDevice {
@@ -1362,6 +1738,48 @@ inline void launch_tensor_mma(const Kokkos::Cuda& space, const TensorProblem& p,
   if (grid64 < sms && group == 1) grid64 = p.blocks < sms ? p.blocks : sms;
   const auto grid = static_cast<unsigned>(grid64 < slots ? grid64 : slots);
   fused_tensor_mma<HP, NOC><<<grid, kernel_t::T, k.scratch_bytes(), space.cuda_stream()>>>(k);
+  const cudaError_t launched = cudaPeekAtLastError();
+  if (launched != cudaSuccess) {
+    throw Error(std::string("dpmlp: tensor kernel launch: ") + cudaGetErrorString(launched));
+  }
+#else
+  (void)space, (void)k;
+  throw Error("dpmlp: the tensor engine must be compiled by a CUDA compiler");
+#endif
+}
+
+// The paired schedule (TensorPairKernel): where it runs instead of TensorMmaKernel<32, 1>, the same bits.
+// 32 hidden units, one output, relu or identity (the mask-form backward), its shared memory fitting;
+// DPMLP_MMA_PAIR=0 keeps the unpaired kernel (read at every step: tests compare the two bit for bit).
+inline bool mma_pair_runs(const TensorProblem& p, int group) {
+  const char* v = std::getenv("DPMLP_MMA_PAIR");
+  if (v != nullptr && std::string(v) == "0") return false;
+  return tensor_hp(p.H) == 32 && p.NO == 1 && (p.act == Activation::relu || p.act == Activation::identity) &&
+         mma_pair_scratch_bytes(group > 1) <= static_cast<std::size_t>(tensor_device().smem_optin);
+}
+
+inline void launch_tensor_pair(const Kokkos::Cuda& space, const TensorProblem& p, int group) {
+  TensorPairKernel k{TensorMmaKernel<32, 1>{p}};
+  k.group = group;
+  k.vec16 = p.n_in % 4 == 0 && reinterpret_cast<std::uintptr_t>(p.x) % 16 == 0;
+#if defined(__CUDACC__)
+  static const bool ready = [&] {
+    cudaError_t e = cudaFuncSetAttribute(fused_tensor_pair, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(mma_pair_scratch_bytes(true)));
+    if (e == cudaSuccess) {
+      e = cudaFuncSetAttribute(fused_tensor_pair, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               cudaSharedmemCarveoutMaxShared);
+    }
+    if (e != cudaSuccess) throw Error(std::string("dpmlp: tensor kernel setup: ") + cudaGetErrorString(e));
+    return true;
+  }();
+  (void)ready;
+  // A persistent grid of one CTA an SM (its shared memory), as launch_tensor_mma's.
+  const std::int64_t sms = tensor_device().sms > 0 ? tensor_device().sms : 1;
+  std::int64_t grid64 = (p.blocks + TensorPairKernel::WR - 1) / TensorPairKernel::WR;
+  if (grid64 < sms && group == 1) grid64 = p.blocks < sms ? p.blocks : sms;
+  const auto grid = static_cast<unsigned>(grid64 < sms ? grid64 : sms);
+  fused_tensor_pair<<<grid, TensorPairKernel::TP, k.scratch_bytes(), space.cuda_stream()>>>(k);
   const cudaError_t launched = cudaPeekAtLastError();
   if (launched != cudaSuccess) {
     throw Error(std::string("dpmlp: tensor kernel launch: ") + cudaGetErrorString(launched));
@@ -1459,6 +1877,7 @@ inline void compute_tensor(const Kokkos::Cuda& space, const TensorProblem& p, in
   const auto launch = [&](auto hp) {
     constexpr int HP = decltype(hp)::value;
     if (kernel == TensorKernel::mma) {
+      if (HP == 32 && mma_pair_runs(p, group)) return launch_tensor_pair(space, p, group);
       if (p.NO == 1) return launch_tensor_mma<HP, 1>(space, p, group);
       return launch_tensor_mma<HP, 4>(space, p, group);
     }
