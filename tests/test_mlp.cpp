@@ -313,11 +313,13 @@ TEST_CASE("the grouped tensor kernel writes the block tree's nodes, bitwise", "[
   }
 }
 
-// The register-resident kernel's paired schedule (backend::TensorPairKernel: a forward warp and a backward warp
-// a team) runs at 32 or fewer hidden units, one output, relu or identity, in place of the one-warp teams; it
-// must give their sums bit for bit (DPMLP_MMA_PAIR=0 turns it off, read at every step), grouped or not, with
-// short last blocks and groups, fewer than 32 inputs or hidden units, and a window of rows (a mini-batch).
-TEST_CASE("the paired register-resident schedule gives the one-warp teams' bits", "[mlp][tensor]") {
+// The register-resident kernel's paired schedule (backend::TensorPairKernel: each warp of a team split into a
+// forward warp and a backward warp) runs at one output, relu or identity, 32 or 256 padded hidden units, in
+// place of the unpaired teams (backend::mma_pair_runs); DPMLP_MMA_PAIR=1 pairs at every width. It must give
+// their sums bit for bit (DPMLP_MMA_PAIR=0 turns it off; both read at every step), at every width (teams of 1,
+// 2, 4 and 8 pairs), grouped or not, with short last blocks and groups, fewer inputs or hidden units than the
+// padded shape, and a window of rows (a mini-batch).
+TEST_CASE("the paired register-resident schedule gives the unpaired teams' bits", "[mlp][tensor]") {
   using Engine = dpmlp::detail::BlockEngine<Space, float>;
   struct Shape {
     std::vector<int> widths;
@@ -326,7 +328,11 @@ TEST_CASE("the paired register-resident schedule gives the one-warp teams' bits"
   const std::vector<Shape> shapes = {{{32, 32, 1}, dpmlp::Activation::relu},
                                      {{32, 32, 1}, dpmlp::Activation::identity},
                                      {{20, 17, 1}, dpmlp::Activation::relu},
-                                     {{31, 32, 1}, dpmlp::Activation::relu}};
+                                     {{31, 32, 1}, dpmlp::Activation::relu},
+                                     {{32, 64, 1}, dpmlp::Activation::relu},
+                                     {{24, 100, 1}, dpmlp::Activation::identity},
+                                     {{32, 256, 1}, dpmlp::Activation::relu},
+                                     {{13, 200, 1}, dpmlp::Activation::relu}};
   if (!Engine::tensor_unsupported(dpmlp::Mlp<float, Memory>({32, 32, 1})).empty()) return;  // CPU: no tensor engine
   std::mt19937 gen(23);
   const std::int64_t many = std::int64_t(1) << 20;
@@ -339,7 +345,9 @@ TEST_CASE("the paired register-resident schedule gives the one-warp teams' bits"
       continue;
     }
     const int most = Engine::leaf_group(model, dpmlp::Engine::tensor, many, 1);
-    for (const int group : {1, most}) {
+    std::vector<int> groups = {1};
+    if (most != 1) groups.push_back(most);  // grouped (32 hidden units)
+    for (const int group : groups) {
       for (const std::int64_t block : {std::int64_t(64), std::int64_t(40), std::int64_t(300)}) {
         const std::int64_t rows = block * (3 * 8 + 2) + 17;
         std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -362,19 +370,25 @@ TEST_CASE("the paired register-resident schedule gives the one-warp teams' bits"
         dpmlp::backend::TensorProblem tp;
         tp.H = sh.widths[1];
         tp.act = sh.act;
-        if (!dpmlp::backend::mma_pair_runs(tp, group)) {
+        const int hp = sh.widths[1] <= 32 ? 32 : sh.widths[1] <= 64 ? 64 : sh.widths[1] <= 128 ? 128 : 256;
+        setenv("DPMLP_MMA_PAIR", "1", 1);
+        const bool fits = dpmlp::backend::mma_pair_runs(tp, group);
+        unsetenv("DPMLP_MMA_PAIR");
+        if (!fits) {
           WARN("the paired schedule does not run here (its shared memory)");
           continue;
         }
+        CHECK(dpmlp::backend::mma_pair_runs(tp, group) == (hp == 32 || hp == 256));  // where it is the default
 #endif
         for (const bool windowed : {false, true}) {
           dpmlp::detail::RowWindow window;
           if (windowed) window = dpmlp::detail::RowWindow{position.data(), rows / 3, rows / 3 + rows / 4};
           setenv("DPMLP_MMA_PAIR", "0", 1);
           e.compute(Space(), x, y, 0.25f, window);
-          unsetenv("DPMLP_MMA_PAIR");
           auto a = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), e.partials());
+          setenv("DPMLP_MMA_PAIR", "1", 1);
           e.compute(Space(), x, y, 0.25f, window);
+          unsetenv("DPMLP_MMA_PAIR");
           auto b = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), e.partials());
           INFO("widths " << sh.widths[0] << "-" << sh.widths[1] << "-1, " << dpmlp::activation_name(sh.act) << ", group "
                          << group << ", block " << block << ", rows " << rows << ", window " << windowed);

@@ -1313,38 +1313,40 @@ __global__ void __launch_bounds__(256, TensorMmaKernel<HP, NOC>::MIN_BLOCKS)
 #endif
 
 // ---------------------------------------------------------------------------------------------------------
-// The register-resident kernel's paired schedule (32 hidden units, one output, relu or identity): each team
-// is two warps, one for the forward and one for the backward, instead of one warp doing both.
+// The register-resident kernel's paired schedule (one output, relu or identity; mma_pair_runs says where):
+// each warp of a team becomes a pair, a forward warp F and a backward warp B, instead of one warp doing both.
 //
 // Why: with one warp doing a batch's whole chain (forward MMAs, bias and activation, the output sums, the
 // deltas, the backward MMAs) the warp holds the pre-activations and the gW0 accumulators at once, 240-255
 // registers, so an SM holds 8 warps, two a scheduler, and Nsight Compute found the kernel bound by the
 // latency of that chain (an instruction every ~5 warp cycles, the tensor pipe ~40% busy; docs/benchmarks.md).
-// Split in two, the state splits too: the forward warp F keeps the pre-activations and the b0 / W1 / b1 /
-// loss sums, the backward warp B keeps the gW0 accumulators, each under 128 registers, so a CTA of 16 warps
-// fits an SM, and each warp's chain is half as long. F hands B, per batch, what the mask-form backward
-// needs (TensorMmaKernel::masked_grad): the 0/1 mask of each of its lane's 32 values as one bit word (B's
-// A-operand fragment wants exactly the values F's lane held) and each row's output delta; at a block's last
-// batch F's finished b0 / W1 / b1 / loss sums too. B adds the block's sums up and writes the block's row (or
-// stages it and, grouped, adds the group up with the other teams' B warps: combine_group).
-// Same arithmetic in the same order as TensorMmaKernel<32, 1> (the forward, the output reduce-scatter, the
-// deltas, the mask-form MMAs over the same operands, the same finish), so the same bits: tests compare the
-// two bit for bit. The handoff is a ring of R slots a team (x buffer and handoff words), with two mbarriers a
-// slot: `full` (F's 32 lanes arrive when the slot's x is in and its words are written) and `empty` (B's 32
-// lanes arrive when done with it); F runs up to R - 1 batches ahead.
+// Split in two, the state splits too: F keeps the pre-activations and the b0 / W1 / b1 / loss sums, B the
+// gW0 accumulators, each under 128 registers with nothing parked in shared memory, so a CTA of 16 warps (8 F,
+// 8 B) fits an SM, and each warp's chain is about half as long. A team is WH = HP / 32 pairs (F warp w and B
+// warp w take hidden units 32w..32w+31). F hands its B, per batch, what the mask-form backward needs
+// (TensorMmaKernel::masked_grad): the 0/1 mask of each of its lane's 32 values as one bit word (B's A-operand
+// fragment wants exactly the values F's lane held) and each row's output delta; at a block's last batch F's
+// finished b0 / W1 / b1 / loss sums too. B writes the block's sums (or stages them and, grouped, adds the group
+// up with the other teams' B warps: combine_group).
+// Same arithmetic in the same order as TensorMmaKernel<HP, 1> (the forward, the output sums, the deltas, the
+// mask-form MMAs over the same operands, the same finish), so the same bits: test_mlp compares the two bit
+// for bit. The handoff is a ring of R slots a team (the batch's x and each pair's words), with two mbarriers
+// a slot: `full` (every F lane of the team arrives when the slot's x is in and its words are written) and
+// `empty` (every B lane of the team arrives when done with it); F runs up to R - 1 batches ahead of B.
 inline constexpr int mma_pair_slots = 4;
-// Words a handoff slot holds: each row's delta (32), each lane's mask bits (32), and at a block's last batch
-// F's finished sums (b0 and W1 for 32 units, b1, the loss: 66), padded to a multiple of 4.
+// Words a pair's handoff slot holds: each row's delta (32), each lane's mask bits (32), and at a block's last
+// batch F's finished sums (b0 and W1 for its 32 units, b1, the loss: 66), padded to a multiple of 4.
 inline constexpr int mma_pair_words = 132;
 
-// Shared memory of the paired kernel, in bytes: the mbarriers (8 teams x R x 2), then per team R x batches of
-// x (32 x 36 floats), the split W0^T fragments (32 x 32 x 2), the handoff slots (8 x R x words) and, grouped,
-// each team's block sums (the register-resident kernel's stage).
-inline std::size_t mma_pair_scratch_bytes(bool grouped) {
-  const std::size_t teams = 8, staged = grouped ? teams * (34 * 32 + 2) : 0;
+// Shared memory of the paired kernel, in bytes, at hp padded hidden units: the mbarriers (teams x R x 2), then
+// per team R batches of x (32 x 36 floats), the split W0^T fragments (hp x 32 x 2), the 8 pairs' handoff slots
+// (R x words each), the output exchange (32 rows x WH a team) and, grouped, each team's block sums (the
+// register-resident kernel's stage).
+inline std::size_t mma_pair_scratch_bytes(int hp, bool grouped) {
+  const std::size_t wh = hp / 32, teams = 8 / wh, staged = grouped ? teams * (34 * 32 + 2) : 0;
   return 128 + teams * mma_pair_slots * 2 * sizeof(std::uint64_t) +
-         (teams * mma_pair_slots * mma_batch_rows * 36 + 32 * 32 * 2 + teams * mma_pair_slots * mma_pair_words +
-          staged) *
+         (teams * mma_pair_slots * mma_batch_rows * 36 + std::size_t(hp) * 32 * 2 + 8 * mma_pair_slots * mma_pair_words +
+          8 * mma_batch_rows + staged) *
              sizeof(float);
 }
 
@@ -1376,41 +1378,55 @@ __device__ inline void mbarrier_wait(std::uint64_t* bar, unsigned parity) {
 }
 #endif
 
-struct TensorPairKernel : TensorMmaKernel<32, 1> {
-  using base = TensorMmaKernel<32, 1>;
+template <int HP>
+struct TensorPairKernel : TensorMmaKernel<HP, 1> {
+  using base = TensorMmaKernel<HP, 1>;
+  using base::FT;
+  using base::KT;
+  using base::LDX;
+  using base::MT;
+  using base::NB;
+  using base::NI;
+  using base::RB;
+  using base::WH;
+  using base::WR;
   static constexpr int TP = 512, R = mma_pair_slots, HW = mma_pair_words;
   // Handoff slot offsets, in words: each row's delta, each lane's mask bits, F's finished sums.
   static constexpr int H_D = 0, H_MASK = 32, H_SUMS = 64;
 
-  std::size_t scratch_bytes() const { return mma_pair_scratch_bytes(group > 1); }
+  std::size_t scratch_bytes() const { return mma_pair_scratch_bytes(HP, this->group > 1); }
 
 #if defined(__CUDACC__)
+  using typename base::Cursor;
+  using typename base::Step;
+
   __device__ void run(char* smem) const {
-    if (act == Activation::relu) return run_as<Activation::relu>(smem);
+    if (this->act == Activation::relu) return run_as<Activation::relu>(smem);
     return run_as<Activation::identity>(smem);
   }
 
   template <Activation A>
   __device__ void run_as(char* smem) const {
     const int t = static_cast<int>(threadIdx.x), warp = t / 32, lane = t % 32, g = lane / 4, tg = lane % 4;
-    // Warps 0-7: the teams' B warps (threads 0-255, so combine_group's thread ids and counts hold as they
-    // are); warps 8-15: their F warps.
-    const bool fwd = warp >= WR;
-    const int team = fwd ? warp - WR : warp;
+    // Warps 0-7: the B warps (threads 0-255, so combine_group's thread ids and counts hold as they are);
+    // warps 8-15: the F warps. Warp r of a role: team r / WH, hidden units from (r % WH) * 32.
+    const bool fwd = warp >= 8;
+    const int rw = fwd ? warp - 8 : warp, team = rw / WH, wh = rw % WH;
     const std::int64_t nteams = std::int64_t(gridDim.x) * WR;
     std::int64_t first = std::int64_t(team) * gridDim.x + blockIdx.x;
-    if (group > 1) first = std::int64_t(blockIdx.x) * WR + team;
+    if (this->group > 1) first = std::int64_t(blockIdx.x) * WR + team;
 
     char* const top = reinterpret_cast<char*>(align_shared_128(smem));
     std::uint64_t* const bars = reinterpret_cast<std::uint64_t*>(top) + team * R * 2;  // [slot][full, empty]
     float* const base_f = reinterpret_cast<float*>(top + WR * R * 2 * sizeof(std::uint64_t));
     float* const xbuf = base_f + team * R * RB * LDX;
     float* const w0f = base_f + WR * R * RB * LDX;
-    float* const hand = w0f + 32 * NI * 2 + team * R * HW;
-    float* const stage = w0f + 32 * NI * 2 + WR * R * HW;
+    float* const hand = w0f + HP * NI * 2 + rw * R * HW;
+    float* const part = w0f + HP * NI * 2 + 8 * R * HW + team * WH * RB;
+    float* const stage = w0f + HP * NI * 2 + 8 * R * HW + 8 * RB;
 
-    // The W0^T fragments, split, by the first team's B warp (as the unpaired kernel's team 0); the barriers.
-    if (warp == 0) {
+    // The W0^T fragments, split, by the first team's B warps (as the unpaired kernel's team 0); the barriers.
+    if (!fwd && team == 0) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -1418,65 +1434,84 @@ struct TensorPairKernel : TensorMmaKernel<32, 1> {
           std::uint32_t hi[4], lo[4];
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const int i = kt * 8 + tg + 4 * (e / 2), j = mt * 16 + g + 8 * (e % 2);
-            split((i < n_in && j < H) ? params[w0off + i * H + j] : 0.0f, hi[e], lo[e]);
+            const int i = kt * 8 + tg + 4 * (e / 2), j = wh * 32 + mt * 16 + g + 8 * (e % 2);
+            base::split((i < this->n_in && j < this->H) ? this->params[this->w0off + i * this->H + j] : 0.0f, hi[e], lo[e]);
           }
-          uint4* const dst = reinterpret_cast<uint4*>(w0f) + (mt * KT + kt) * 64 + lane;
+          uint4* const dst = reinterpret_cast<uint4*>(w0f) + ((wh * MT + mt) * KT + kt) * 64 + lane;
           dst[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
           dst[32] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
         }
       }
     }
-    if (!fwd && lane == 0) {
+    if (!fwd && wh == 0 && lane == 0) {
       for (int q = 0; q < R; ++q) {
-        mbarrier_init(bars + 2 * q, 32);
-        mbarrier_init(bars + 2 * q + 1, 32);
+        mbarrier_init(bars + 2 * q, WH * 32);
+        mbarrier_init(bars + 2 * q + 1, WH * 32);
       }
     }
     __syncthreads();
     if (fwd) {
-      forward_warp<A>(first, nteams, xbuf, w0f, hand, bars, lane, g, tg);
+      forward_warp<A>(first, nteams, xbuf, w0f, hand, part, bars, team, wh, lane, g, tg);
     } else {
-      backward_warp(first, nteams, xbuf, hand, bars, stage, lane, g, tg);
+      backward_warp(first, nteams, xbuf, hand, bars, stage, team, wh, lane, g, tg);
     }
   }
 
-  // F: each batch's forward, outputs and deltas, handed to B.
+  // The F warps of a team meet (WH > 1: the output sums cross them, and each copies part of a batch).
+  __device__ static void f_sync(int team) {
+    if constexpr (WH == 1) {
+      __syncwarp();
+    } else {
+      asm volatile("bar.sync %0, %1;" ::"r"(team + 1), "n"(WH * 32) : "memory");
+    }
+  }
+
+  // F: each batch's forward, outputs and deltas, handed to B (TensorMmaKernel::batch's arithmetic).
   template <Activation A>
   __device__ void forward_warp(std::int64_t first, std::int64_t nteams, float* xbuf, const float* w0f, float* hand,
-                               std::uint64_t* bars, int lane, int g, int tg) const {
+                               float* part, std::uint64_t* bars, int team, int wh, int lane, int g, int tg) const {
     Step s;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
       for (int hb = 0; hb < 2; ++hb) {
-        const int j = mt * 16 + hb * 8 + g;
-        const float v = j < H ? params[b0off + j] : 0.0f;
+        const int j = wh * 32 + mt * 16 + hb * 8 + g;
+        // As the unpaired kernel: with BIAS_QUAD two copies the compiler cannot tell are equal.
+        float v = 0.0f, w = 0.0f;
+        if (j < this->H) {
+          v = this->params[this->b0off + j];
+          if constexpr (base::BIAS_QUAD) {
+            asm volatile("ld.volatile.global.f32 %0, [%1];" : "=f"(w) : "l"(this->params + this->b0off + j));
+          } else {
+            w = v;
+          }
+        }
         s.b0q[mt][2 * hb] = v;
-        s.b0q[mt][2 * hb + 1] = v;
-        s.w1r[mt][hb][0] = j < H ? params[w1off + j * NO] : 0.0f;
+        s.b0q[mt][2 * hb + 1] = w;
+        s.w1r[mt][hb][0] = j < this->H ? this->params[this->w1off + j * this->NO] : 0.0f;
       }
     }
-    s.b1r[0] = params[b1off];
+    s.b1r[0] = this->params[this->b1off];
     s.clear();
-    s.c = cursor_at(first);
+    const int tl = wh * 32 + lane;  // thread in the team's F warps (the copies)
+    s.c = this->cursor_at(first);
     s.n = s.c;
-    advance(s.n, nteams);
-    issue(s.c, xbuf, lane);
-    for (int i = 0; s.c.b < blocks; ++i) {
+    this->advance(s.n, nteams);
+    this->issue(s.c, xbuf, tl);
+    for (int i = 0; s.c.b < this->blocks; ++i) {
       const int q = i % R, qn = (i + 1) % R;
-      // The next batch's x into its slot, once B is done with the batch that slot held.
+      // The next batch's x into its slot, once every B warp of the team is done with the batch it held.
       if (i + 1 >= R) mbarrier_wait(bars + 2 * qn + 1, static_cast<unsigned>((i + 1) / R - 1) & 1u);
-      issue(s.n, xbuf + qn * RB * LDX, lane);
-      load_y(s.c, lane, s.yc);
+      this->issue(s.n, xbuf + qn * RB * LDX, tl);
+      this->load_y(s.c, lane, s.yc);
       asm volatile("cp.async.wait_group 1;" ::: "memory");
-      __syncwarp();
+      f_sync(team);  // the batch is in; every F warp of the team is done with the previous batch's exchange
       const float* const xs = xbuf + q * RB * LDX;
       float* const slot = hand + q * HW;
       float zc[MT][NB][4];
-      forward(zc, xs, w0f, s, 0, lane, g, tg);
+      base::forward(zc, xs, w0f, s, wh, lane, g, tg);
 
-      // Activations in place; the row sums over the warp's units by reduce-scatter (TensorMmaKernel::batch).
+      // Activations in place; the warp's output sums for rows nt*8 + 2*tg + bit, over its hidden units.
       float p[NB][2];
 #pragma unroll
       for (int nt = 0; nt < NB; ++nt) p[nt][0] = p[nt][1] = 0.0f;
@@ -1492,29 +1527,52 @@ struct TensorPairKernel : TensorMmaKernel<32, 1> {
           }
         }
       }
-      float v[8];
+      // Over g: one warp a team, the reduce-scatter (each lane a row's sum); else the butterfly and the
+      // exchange between the team's F warps.
+      float own = 0.0f;
+      if constexpr (WH == 1) {
+        float v[8];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) v[k] = p[k / 2][k % 2];
+        for (int k = 0; k < 8; ++k) v[k] = p[k / 2][k % 2];
 #pragma unroll
-      for (int step = 0, half = 4; step < 3; ++step, half /= 2) {
-        const bool up = (lane >> (2 + step)) & 1;
+        for (int step = 0, half = 4; step < 3; ++step, half /= 2) {
+          const bool up = (lane >> (2 + step)) & 1;
 #pragma unroll
-        for (int k = 0; k < half; ++k) {
-          const float send = up ? v[k] : v[k + half], keep = up ? v[k + half] : v[k];
-          v[k] = keep + __shfl_xor_sync(0xffffffffu, send, 4 << step);
+          for (int k = 0; k < half; ++k) {
+            const float send = up ? v[k] : v[k + half], keep = up ? v[k + half] : v[k];
+            v[k] = keep + __shfl_xor_sync(0xffffffffu, send, 4 << step);
+          }
         }
+        const int k = 2 * (lane / 8) + lane % 2, gi = 4 * (k & 1) + 2 * ((k >> 1) & 1) + (k >> 2);
+        own = __shfl_sync(0xffffffffu, v[0], 4 * gi + (lane % 8) / 2);
+      } else {
+#pragma unroll
+        for (int nt = 0; nt < NB; ++nt) {
+#pragma unroll
+          for (int bit = 0; bit < 2; ++bit) {
+            float v = p[nt][bit];
+            v += __shfl_xor_sync(0xffffffffu, v, 4);
+            v += __shfl_xor_sync(0xffffffffu, v, 8);
+            v += __shfl_xor_sync(0xffffffffu, v, 16);
+            if (g == 0) part[wh * RB + nt * 8 + 2 * tg + bit] = v;
+          }
+        }
+        f_sync(team);
       }
-      // Lane = row: the output, residual and output delta.
+      // Lane = row: the output (the team's warps in order), residual and output delta.
       float d = 0.0f;
       {
-        const int k = 2 * (lane / 8) + lane % 2, gi = 4 * (k & 1) + 2 * ((k >> 1) & 1) + (k >> 2);
-        const float own = __shfl_sync(0xffffffffu, v[0], 4 * gi + (lane % 8) / 2);
         const std::int64_t row = s.c.r + lane;
-        if (lane < s.c.rows_left() && window.contains(row)) {
+        if (lane < s.c.rows_left() && this->window.contains(row)) {
           float out = 0.0f;
-          out += own;
+          if constexpr (WH == 1) {
+            out += own;
+          } else {
+#pragma unroll
+            for (int w = 0; w < WH; ++w) out += part[w * RB + lane];
+          }
           const float res = out + s.b1r[0] - s.yc[0];
-          d = 2.0f * scale * res;
+          d = 2.0f * this->scale * res;
           s.lsum += res * res;
           s.gl[0] += d;
         }
@@ -1543,8 +1601,9 @@ struct TensorPairKernel : TensorMmaKernel<32, 1> {
       slot[H_D + lane] = d;
       reinterpret_cast<unsigned*>(slot)[H_MASK + lane] = mask;
       if (s.c.last_of_block()) {
-        // finish_block's sums over t and over the rows (the same butterflies), for B to write (the lane as in
-        // backward_warp's finish).
+        // finish_block's sums over t and over the rows (the same butterflies), for B to write. The lane
+        // through a volatile asm, so the compiler cannot hoist these addresses out of the batch loop (held in
+        // registers across it, they spilled).
         const int ln = lane_volatile(), lg = ln / 4, lt = ln % 4;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
@@ -1555,7 +1614,7 @@ struct TensorPairKernel : TensorMmaKernel<32, 1> {
             s.gw1[mt][hb][0] += __shfl_xor_sync(0xffffffffu, s.gw1[mt][hb][0], 1);
             s.gw1[mt][hb][0] += __shfl_xor_sync(0xffffffffu, s.gw1[mt][hb][0], 2);
             if (lt == 0) {
-              const int j = mt * 16 + hb * 8 + lg;
+              const int j = mt * 16 + hb * 8 + lg;  // of the warp's 32 units
               slot[H_SUMS + j] = s.gb0[mt][hb];
               slot[H_SUMS + 32 + j] = s.gw1[mt][hb][0];
             }
@@ -1575,21 +1634,21 @@ struct TensorPairKernel : TensorMmaKernel<32, 1> {
       }
       mbarrier_arrive(bars + 2 * q);  // the slot's x is in (this lane's copies waited for) and its words written
       s.c = s.n;
-      advance(s.n, nteams);
+      this->advance(s.n, nteams);
     }
     asm volatile("cp.async.wait_all;" ::: "memory");
   }
 
-  // B: each batch's backward MMAs from F's handoff; the block's sums.
+  // B: each batch's backward MMAs from its F warp's handoff; the block's sums.
   __device__ void backward_warp(std::int64_t first, std::int64_t nteams, const float* xbuf, const float* hand,
-                                std::uint64_t* bars, float* stage, int lane, int g, int tg) const {
+                                std::uint64_t* bars, float* stage, int team, int wh, int lane, int g, int tg) const {
     float w1r[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
       for (int hb = 0; hb < 2; ++hb) {
-        const int j = mt * 16 + hb * 8 + g;
-        w1r[mt][hb] = j < H ? params[w1off + j * NO] : 0.0f;
+        const int j = wh * 32 + mt * 16 + hb * 8 + g;
+        w1r[mt][hb] = j < this->H ? this->params[this->w1off + j * this->NO] : 0.0f;
       }
     }
     float gw[MT][FT][4];
@@ -1601,17 +1660,20 @@ struct TensorPairKernel : TensorMmaKernel<32, 1> {
         for (int e = 0; e < 4; ++e) gw[mt][ft][e] = 0.0f;
       }
     }
-    Cursor c = cursor_at(first);
-    for (int i = 0; c.b < blocks; ++i) {
+    Cursor c = this->cursor_at(first);
+    for (int i = 0; c.b < this->blocks; ++i) {
       const int q = i % R;
       mbarrier_wait(bars + 2 * q, static_cast<unsigned>(i / R) & 1u);
       const float* const xs = xbuf + q * RB * LDX;
       const float* const slot = hand + q * HW;
       const float d = slot[H_D + lane];
       const unsigned mask = reinterpret_cast<const unsigned*>(slot)[H_MASK + lane];
+      // gW0^T / w1 += M^T (d x), as the unpaired kernel: A the mask (its bits back to 0.0f / 1.0f), B the rows
+      // times their deltas, split.
 #pragma unroll
       for (int nt = 0; nt < NB; ++nt) {
-        const float dr0 = __shfl_sync(0xffffffffu, d, nt * 8 + 2 * tg), dr1 = __shfl_sync(0xffffffffu, d, nt * 8 + 2 * tg + 1);
+        const float dr0 = __shfl_sync(0xffffffffu, d, nt * 8 + 2 * tg);
+        const float dr1 = __shfl_sync(0xffffffffu, d, nt * 8 + 2 * tg + 1);
         std::uint32_t am[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
@@ -1624,50 +1686,48 @@ struct TensorPairKernel : TensorMmaKernel<32, 1> {
         std::uint32_t bh[FT][2], bl[FT][2];
 #pragma unroll
         for (int ft = 0; ft < FT; ++ft) {
-          split(dr0 * xs[(nt * 8 + 2 * tg) * LDX + ft * 8 + g], bh[ft][0], bl[ft][0]);
-          split(dr1 * xs[(nt * 8 + 2 * tg + 1) * LDX + ft * 8 + g], bh[ft][1], bl[ft][1]);
+          base::split(dr0 * xs[(nt * 8 + 2 * tg) * LDX + ft * 8 + g], bh[ft][0], bl[ft][0]);
+          base::split(dr1 * xs[(nt * 8 + 2 * tg + 1) * LDX + ft * 8 + g], bh[ft][1], bl[ft][1]);
         }
-        mma2(gw, am, bh, bl);
+        base::mma2(gw, am, bh, bl);
       }
       if (c.last_of_block()) {
-        // finish_block<Masked>'s writes: gW0 and b0 times w1, W1, b1 and the loss as F summed them. The lane
-        // through a volatile asm, so the compiler cannot hoist these 40 addresses out of the batch loop (they
-        // are loop-invariant: held in registers across it, they spilled).
+        // finish_block<Masked>'s writes: gW0 and b0 times w1, W1, b1 and the loss as F summed them (the lane as
+        // in forward_warp's finish).
         const int ln = lane_volatile(), lg = ln / 4, lt = ln % 4;
-        float* out = partials + c.b * ld;
-        if (group > 1) out = stage + team_of_warp() * ld;
+        float* out = this->partials + c.b * this->ld;
+        if (this->group > 1) out = stage + team * this->ld;
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
           for (int ft = 0; ft < FT; ++ft) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-              const int j = mt * 16 + lg + 8 * (e / 2), ii = ft * 8 + 2 * lt + e % 2;
-              if (ii < n_in && j < H) out[w0off + ii * H + j] = w1r[mt][e / 2] * gw[mt][ft][e];
+              const int j = wh * 32 + mt * 16 + lg + 8 * (e / 2), ii = ft * 8 + 2 * lt + e % 2;
+              if (ii < this->n_in && j < this->H) out[this->w0off + ii * this->H + j] = w1r[mt][e / 2] * gw[mt][ft][e];
               gw[mt][ft][e] = 0.0f;
             }
           }
 #pragma unroll
           for (int hb = 0; hb < 2; ++hb) {
-            const int j = mt * 16 + hb * 8 + lg;
-            if (lt == 0 && j < H) {
-              out[b0off + j] = w1r[mt][hb] * slot[H_SUMS + j];
-              out[w1off + j * NO] = slot[H_SUMS + 32 + j];
+            const int jw = mt * 16 + hb * 8 + lg, j = wh * 32 + jw;
+            if (lt == 0 && j < this->H) {
+              out[this->b0off + j] = w1r[mt][hb] * slot[H_SUMS + jw];
+              out[this->w1off + j * this->NO] = slot[H_SUMS + 32 + jw];
             }
           }
         }
-        if (ln == 0) {
-          out[b1off] = slot[H_SUMS + 64];
-          out[ld - 1] = slot[H_SUMS + 65];
+        if (wh == 0 && ln == 0) {
+          out[this->b1off] = slot[H_SUMS + 64];
+          out[this->ld - 1] = slot[H_SUMS + 65];
         }
-        if (group > 1) combine_group(c.b, stage);
+        if (this->group > 1) this->combine_group(c.b, stage);
       }
       mbarrier_arrive(bars + 2 * q + 1);  // done with the slot
-      advance(c, nteams);
+      this->advance(c, nteams);
     }
   }
 
-  __device__ static int team_of_warp() { return static_cast<int>(threadIdx.x) / 32; }  // B warps: 0-7
   __device__ static int lane_volatile() {
     unsigned l;
     asm volatile("mov.u32 %0, %%laneid;" : "=r"(l));
@@ -1677,7 +1737,8 @@ struct TensorPairKernel : TensorMmaKernel<32, 1> {
 };
 
 #if defined(__CUDACC__)
-__global__ void __launch_bounds__(512, 1) fused_tensor_pair(const TensorPairKernel k) {
+template <int HP>
+__global__ void __launch_bounds__(512, 1) fused_tensor_pair(const TensorPairKernel<HP> k) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ char dpmlp_tensor_smem[];
   k.run(dpmlp_tensor_smem);
@@ -1748,38 +1809,47 @@ inline void launch_tensor_mma(const Kokkos::Cuda& space, const TensorProblem& p,
 #endif
 }
 
-// The paired schedule (TensorPairKernel): where it runs instead of TensorMmaKernel<32, 1>, the same bits.
-// 32 hidden units, one output, relu or identity (the mask-form backward), its shared memory fitting;
-// DPMLP_MMA_PAIR=0 keeps the unpaired kernel (read at every step: tests compare the two bit for bit).
+// Whether the paired schedule (TensorPairKernel) runs instead of TensorMmaKernel<HP, 1> (the same bits): one
+// output, relu or identity (the mask-form backward), its shared memory fitting, and 32 or 256 padded hidden
+// units, where it was faster on an H200 (ms per 100 steps, one GPU, unpaired -> paired, docs/benchmarks.md,
+// 2026-12-02 03:52-04:14 UTC): 1M x 32 10.14 -> 9.37, 1M x 256 68.37 -> 66.23, 4M x 256 253.3 -> 246.5; not at
+// 64 (23.7 -> 25.3: ptxas spills a little under the 128 registers) or 128 (36.5 -> 36.7). DPMLP_MMA_PAIR=0
+// keeps the unpaired teams, DPMLP_MMA_PAIR=1 pairs at every width (read at every step: tests compare the two
+// bit for bit).
 inline bool mma_pair_runs(const TensorProblem& p, int group) {
   const char* v = std::getenv("DPMLP_MMA_PAIR");
-  if (v != nullptr && std::string(v) == "0") return false;
-  return tensor_hp(p.H) == 32 && p.NO == 1 && (p.act == Activation::relu || p.act == Activation::identity) &&
-         mma_pair_scratch_bytes(group > 1) <= static_cast<std::size_t>(tensor_device().smem_optin);
+  const std::string forced = v != nullptr ? v : "";
+  if (forced == "0") return false;
+  const int hp = tensor_hp(p.H);
+  return p.NO == 1 && (p.act == Activation::relu || p.act == Activation::identity) &&
+         (forced == "1" || hp == 32 || hp == 256) &&
+         mma_pair_scratch_bytes(hp, group > 1) <= static_cast<std::size_t>(tensor_device().smem_optin);
 }
 
+template <int HP>
 inline void launch_tensor_pair(const Kokkos::Cuda& space, const TensorProblem& p, int group) {
-  TensorPairKernel k{TensorMmaKernel<32, 1>{p}};
-  k.group = group;
+  using kernel_t = TensorPairKernel<HP>;
+  kernel_t k{TensorMmaKernel<HP, 1>{p}};
+  if constexpr (kernel_t::GROUPS) k.group = group;
   k.vec16 = p.n_in % 4 == 0 && reinterpret_cast<std::uintptr_t>(p.x) % 16 == 0;
 #if defined(__CUDACC__)
   static const bool ready = [&] {
-    cudaError_t e = cudaFuncSetAttribute(fused_tensor_pair, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(mma_pair_scratch_bytes(true)));
+    cudaError_t e = cudaFuncSetAttribute(fused_tensor_pair<HP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(mma_pair_scratch_bytes(HP, kernel_t::GROUPS)));
     if (e == cudaSuccess) {
-      e = cudaFuncSetAttribute(fused_tensor_pair, cudaFuncAttributePreferredSharedMemoryCarveout,
+      e = cudaFuncSetAttribute(fused_tensor_pair<HP>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                cudaSharedmemCarveoutMaxShared);
     }
     if (e != cudaSuccess) throw Error(std::string("dpmlp: tensor kernel setup: ") + cudaGetErrorString(e));
     return true;
   }();
   (void)ready;
-  // A persistent grid of one CTA an SM (its shared memory), as launch_tensor_mma's.
+  // A persistent grid of one CTA an SM (its 512 threads take every register), as launch_tensor_mma's.
   const std::int64_t sms = tensor_device().sms > 0 ? tensor_device().sms : 1;
-  std::int64_t grid64 = (p.blocks + TensorPairKernel::WR - 1) / TensorPairKernel::WR;
+  std::int64_t grid64 = (p.blocks + kernel_t::WR - 1) / kernel_t::WR;
   if (grid64 < sms && group == 1) grid64 = p.blocks < sms ? p.blocks : sms;
   const auto grid = static_cast<unsigned>(grid64 < sms ? grid64 : sms);
-  fused_tensor_pair<<<grid, TensorPairKernel::TP, k.scratch_bytes(), space.cuda_stream()>>>(k);
+  fused_tensor_pair<HP><<<grid, kernel_t::TP, k.scratch_bytes(), space.cuda_stream()>>>(k);
   const cudaError_t launched = cudaPeekAtLastError();
   if (launched != cudaSuccess) {
     throw Error(std::string("dpmlp: tensor kernel launch: ") + cudaGetErrorString(launched));
@@ -1877,7 +1947,7 @@ inline void compute_tensor(const Kokkos::Cuda& space, const TensorProblem& p, in
   const auto launch = [&](auto hp) {
     constexpr int HP = decltype(hp)::value;
     if (kernel == TensorKernel::mma) {
-      if (HP == 32 && mma_pair_runs(p, group)) return launch_tensor_pair(space, p, group);
+      if (mma_pair_runs(p, group)) return launch_tensor_pair<HP>(space, p, group);
       if (p.NO == 1) return launch_tensor_mma<HP, 1>(space, p, group);
       return launch_tensor_mma<HP, 4>(space, p, group);
     }
