@@ -1833,9 +1833,13 @@ inline void launch_tensor_pair(const Kokkos::Cuda& space, const TensorProblem& p
   if constexpr (kernel_t::GROUPS) k.group = group;
   k.vec16 = p.n_in % 4 == 0 && reinterpret_cast<std::uintptr_t>(p.x) % 16 == 0;
 #if defined(__CUDACC__)
+  // Once a process: the opt-in to the kernel's dynamic shared memory, covering the grouped layout where it
+  // fits (mma_pair_runs asks for that layout only then), and the carveout.
   static const bool ready = [&] {
+    const std::size_t grouped = mma_pair_scratch_bytes(HP, kernel_t::GROUPS);
+    const std::size_t most = grouped <= static_cast<std::size_t>(tensor_device().smem_optin) ? grouped : k.scratch_bytes();
     cudaError_t e = cudaFuncSetAttribute(fused_tensor_pair<HP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(mma_pair_scratch_bytes(HP, kernel_t::GROUPS)));
+                                         static_cast<int>(most));
     if (e == cudaSuccess) {
       e = cudaFuncSetAttribute(fused_tensor_pair<HP>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                cudaSharedmemCarveoutMaxShared);
