@@ -370,7 +370,7 @@ TEST_CASE("the paired register-resident schedule gives the unpaired teams' bits"
         dpmlp::backend::TensorProblem tp;
         tp.H = sh.widths[1];
         tp.act = sh.act;
-        const int hp = sh.widths[1] <= 32 ? 32 : sh.widths[1] <= 64 ? 64 : sh.widths[1] <= 128 ? 128 : 256;
+        const int padded = sh.widths[1] <= 32 ? 32 : sh.widths[1] <= 64 ? 64 : sh.widths[1] <= 128 ? 128 : 256;
         setenv("DPMLP_MMA_PAIR", "1", 1);
         const bool fits = dpmlp::backend::mma_pair_runs(tp, group);
         unsetenv("DPMLP_MMA_PAIR");
@@ -378,7 +378,7 @@ TEST_CASE("the paired register-resident schedule gives the unpaired teams' bits"
           WARN("the paired schedule does not run here (its shared memory)");
           continue;
         }
-        CHECK(dpmlp::backend::mma_pair_runs(tp, group) == (hp == 32 || hp == 256));  // where it is the default
+        CHECK(dpmlp::backend::mma_pair_runs(tp, group) == (padded == 32 || padded == 256));  // where it is the default
 #endif
         for (const bool windowed : {false, true}) {
           dpmlp::detail::RowWindow window;
