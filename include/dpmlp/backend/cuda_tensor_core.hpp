@@ -779,50 +779,10 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
     for (int c = 0; c < MT * FT; ++c) *reinterpret_cast<float4*>(gwp + c * T * 4) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
     // The parameters, zero-padded: W0^T as split A fragments into shared memory (the first team's warps),
-    // b0 and W1 for the hidden units this thread holds (j = wh*32 + mt*16 + hb*8 + g), b1.
-    if (team == 0) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int kt = 0; kt < KT; ++kt) {
-          std::uint32_t hi[4], lo[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = kt * 8 + tg + 4 * (e / 2), j = wh * 32 + mt * 16 + g + 8 * (e % 2);
-            split((i < n_in && j < H) ? params[w0off + i * H + j] : 0.0f, hi[e], lo[e]);
-          }
-          uint4* const dst = reinterpret_cast<uint4*>(w0f) + ((wh * MT + mt) * KT + kt) * 64 + lane;
-          dst[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-          dst[32] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-        }
-      }
-    }
+    // b0 and W1 for the hidden units this thread holds, b1.
+    if (team == 0) split_w0(w0f, wh, lane, g, tg);
     Step s;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int hb = 0; hb < 2; ++hb) {
-        const int j = wh * 32 + mt * 16 + hb * 8 + g;
-        // Two copies the compiler cannot tell are equal (the second a volatile load), or it keeps one register
-        // and builds the quad with moves before every use (ptxas propagates a plain or volatile move).
-        float v = 0.0f, w = 0.0f;
-        if (j < H) {
-          v = params[b0off + j];
-          if constexpr (BIAS_QUAD) {
-            asm volatile("ld.volatile.global.f32 %0, [%1];" : "=f"(w) : "l"(params + b0off + j));
-          } else {
-            w = v;
-          }
-        }
-        s.b0q[mt][2 * hb] = v;
-        s.b0q[mt][2 * hb + 1] = w;
-#pragma unroll
-        for (int o = 0; o < NOC; ++o) s.w1r[mt][hb][o] = (j < H && o < NO) ? params[w1off + j * NO + o] : 0.0f;
-      }
-    }
-#pragma unroll
-    for (int o = 0; o < NOC; ++o) s.b1r[o] = o < NO ? params[b1off + o] : 0.0f;
-    s.clear();
+    load_unit_params(s, wh, g);
 
     // Three cursors over the team's batches: the current one (q), the next (its forward runs during this
     // one's output phase) and the one being copied in.
@@ -874,6 +834,134 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
       lsum = 0.0f;
     }
   };
+
+  // W0^T, zero-padded, as split A fragments into shared memory, [wh][mt][kt][hi, lo][lane][4] (a lane reads its
+  // four with one 16-byte load): the units of warp wh of a team.
+  __device__ void split_w0(float* w0f, int wh, int lane, int g, int tg) const {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int kt = 0; kt < KT; ++kt) {
+        std::uint32_t hi[4], lo[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int i = kt * 8 + tg + 4 * (e / 2), j = wh * 32 + mt * 16 + g + 8 * (e % 2);
+          split((i < n_in && j < H) ? params[w0off + i * H + j] : 0.0f, hi[e], lo[e]);
+        }
+        uint4* const dst = reinterpret_cast<uint4*>(w0f) + ((wh * MT + mt) * KT + kt) * 64 + lane;
+        dst[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+        dst[32] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+      }
+    }
+  }
+
+  // b0 and W1 for the hidden units this thread holds (j = wh*32 + mt*16 + hb*8 + g), b1, zero-padded; the sums
+  // cleared.
+  __device__ void load_unit_params(Step& s, int wh, int g) const {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int hb = 0; hb < 2; ++hb) {
+        const int j = wh * 32 + mt * 16 + hb * 8 + g;
+        // Two copies the compiler cannot tell are equal (the second a volatile load), or it keeps one register
+        // and builds the quad with moves before every use (ptxas propagates a plain or volatile move).
+        float v = 0.0f, w = 0.0f;
+        if (j < H) {
+          v = params[b0off + j];
+          if constexpr (BIAS_QUAD) {
+            asm volatile("ld.volatile.global.f32 %0, [%1];" : "=f"(w) : "l"(params + b0off + j));
+          } else {
+            w = v;
+          }
+        }
+        s.b0q[mt][2 * hb] = v;
+        s.b0q[mt][2 * hb + 1] = w;
+#pragma unroll
+        for (int o = 0; o < NOC; ++o) s.w1r[mt][hb][o] = (j < H && o < NO) ? params[w1off + j * NO + o] : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int o = 0; o < NOC; ++o) s.b1r[o] = o < NO ? params[b1off + o] : 0.0f;
+    s.clear();
+  }
+
+  // Activations in place; p: the warp's output sums for rows nt*8 + 2*tg + bit, over its hidden units.
+  template <Activation A>
+  __device__ static void activate_outputs(float (&zc)[MT][NB][4], const Step& s, float (&p)[NB][2][NOC]) {
+#pragma unroll
+    for (int nt = 0; nt < NB; ++nt) {
+#pragma unroll
+      for (int bit = 0; bit < 2; ++bit) {
+#pragma unroll
+        for (int o = 0; o < NOC; ++o) p[nt][bit][o] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < NB; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float h = activate(A, zc[mt][nt][e]);
+          zc[mt][nt][e] = h;
+#pragma unroll
+          for (int o = 0; o < NOC; ++o) p[nt][e % 2][o] += h * s.w1r[mt][e / 2][o];
+        }
+      }
+    }
+  }
+
+  // One output and one warp a team (32 hidden units): the sums over g (lane bits 2..4) as a reduce-scatter,
+  // each step sending half of the values still held (7 shuffles and adds instead of 24), which leaves lane
+  // (g, t) the sum for row (i / 2) * 8 + 2t + i % 2, i = 4 (g & 1) + 2 (g >> 1 & 1) + (g >> 2); no shared
+  // memory. The additions pair as in the butterfly (lanes l and l ^ 4, then ^ 8, then ^ 16), and a + b is
+  // b + a, so these are the butterfly's bits. (Engine at 1M x 32 95.0 -> 91.1 us, one H200; with several warps
+  // a team, each writing its row sums for the others, 1M x 256 0.5% faster and 1M x 128 1.7% slower: not
+  // there.) row_of_lane() fetches the sum of the row a lane stands for.
+  __device__ static float reduce_scatter(const float (&p)[NB][2][NOC], int lane) {
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = p[i / 2][i % 2][0];
+#pragma unroll
+    for (int step = 0, half = 4; step < 3; ++step, half /= 2) {
+      const bool up = (lane >> (2 + step)) & 1;  // keeps the upper half of what it holds
+#pragma unroll
+      for (int k = 0; k < half; ++k) {
+        const float send = up ? v[k] : v[k + half], keep = up ? v[k + half] : v[k];
+        v[k] = keep + __shfl_xor_sync(0xffffffffu, send, 4 << step);
+      }
+    }
+    return v[0];
+  }
+  // The row sum (of reduce_scatter's rs) for the row this lane stands for (row r: i = 2 (r / 8) + r % 2).
+  __device__ static float row_of_lane(float rs, int lane) {
+    const int i = 2 * (lane / 8) + lane % 2, gi = 4 * (i & 1) + 2 * ((i >> 1) & 1) + (i >> 2);
+    return __shfl_sync(0xffffffffu, rs, 4 * gi + (lane % 8) / 2);
+  }
+
+  // The block's sums over t (lane bits 0..1: the thread's rows of the same unit) for b0 and W1, over the lanes
+  // (rows) for b1 and the loss, by butterflies (every lane then holds the same bits of the latter).
+  __device__ static void sum_block_lanes(Step& s) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int hb = 0; hb < 2; ++hb) {
+        s.gb0[mt][hb] += __shfl_xor_sync(0xffffffffu, s.gb0[mt][hb], 1);
+        s.gb0[mt][hb] += __shfl_xor_sync(0xffffffffu, s.gb0[mt][hb], 2);
+#pragma unroll
+        for (int o = 0; o < NOC; ++o) {
+          s.gw1[mt][hb][o] += __shfl_xor_sync(0xffffffffu, s.gw1[mt][hb][o], 1);
+          s.gw1[mt][hb][o] += __shfl_xor_sync(0xffffffffu, s.gw1[mt][hb][o], 2);
+        }
+      }
+    }
+#pragma unroll
+    for (int o = 0; o <= NOC; ++o) {
+      float& v = o < NOC ? s.gl[o] : s.lsum;
+#pragma unroll
+      for (int m = 16; m >= 1; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
+    }
+  }
 
   // The targets of the cursor's batch for the row this lane stands for (0 past the rows).
   __device__ void load_y(const Cursor& cur, int lane, float (&v)[NOC]) const {
@@ -967,51 +1055,13 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
       park(zp, zn);
     }
 
-    // Activations in place; the warp's output sums for rows nt*8 + 2*tg + bit, over its hidden units.
     float p[NB][2][NOC];
-#pragma unroll
-    for (int nt = 0; nt < NB; ++nt) {
-#pragma unroll
-      for (int bit = 0; bit < 2; ++bit) {
-#pragma unroll
-        for (int o = 0; o < NOC; ++o) p[nt][bit][o] = 0.0f;
-      }
-    }
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int nt = 0; nt < NB; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float h = activate(A, zc[mt][nt][e]);
-          zc[mt][nt][e] = h;
-#pragma unroll
-          for (int o = 0; o < NOC; ++o) p[nt][e % 2][o] += h * s.w1r[mt][e / 2][o];
-        }
-      }
-    }
-    // Over g (lane bits 2..4). One output and one warp a team (32 hidden units): a reduce-scatter, each step
-    // sending half of the values still held (7 shuffles and adds instead of 24), which leaves lane (g, t) the
-    // sum for row (i / 2) * 8 + 2t + i % 2, i = 4 (g & 1) + 2 (g >> 1 & 1) + (g >> 2); no shared memory. The
-    // additions pair as in the butterfly (lanes l and l ^ 4, then ^ 8, then ^ 16), and a + b is b + a, so these
-    // are the butterfly's bits. (Engine at 1M x 32 95.0 -> 91.1 us, one H200; with several warps a team, each
-    // writing its row sums for the others, 1M x 256 0.5% faster and 1M x 128 1.7% slower: not there.)
-    // Otherwise the butterfly, every lane of a row then holding the same bits.
+    activate_outputs<A>(zc, s, p);
+    // Over g (lane bits 2..4). One output and one warp a team (32 hidden units): reduce_scatter. Otherwise the
+    // butterfly, every lane of a row then holding the same bits.
     float rs = 0.0f;  // one output, one warp: this lane's row sum
     if constexpr (NOC == 1 && WH == 1) {
-      float v[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = p[i / 2][i % 2][0];
-#pragma unroll
-      for (int step = 0, half = 4; step < 3; ++step, half /= 2) {
-        const bool up = (lane >> (2 + step)) & 1;  // keeps the upper half of what it holds
-#pragma unroll
-        for (int k = 0; k < half; ++k) {
-          const float send = up ? v[k] : v[k + half], keep = up ? v[k + half] : v[k];
-          v[k] = keep + __shfl_xor_sync(0xffffffffu, send, 4 << step);
-        }
-      }
-      rs = v[0];
+      rs = reduce_scatter(p, lane);
     } else {
 #pragma unroll
       for (int nt = 0; nt < NB; ++nt) {
@@ -1037,10 +1087,7 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
       const std::int64_t row = r0 + lane;
       const bool learn = lane < n && window.contains(row);
       float own = 0.0f;
-      if constexpr (NOC == 1 && WH == 1) {
-        const int i = 2 * (lane / 8) + lane % 2, gi = 4 * (i & 1) + 2 * ((i >> 1) & 1) + (i >> 2);
-        own = __shfl_sync(0xffffffffu, rs, 4 * gi + (lane % 8) / 2);
-      }
+      if constexpr (NOC == 1 && WH == 1) own = row_of_lane(rs, lane);
 #pragma unroll
       for (int o = 0; o < NOC; ++o) {
         float out = 0.0f;
@@ -1192,25 +1239,7 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
   template <bool Masked, bool Staged = false>
   __device__ void finish_block(Step& s, float (&gw)[MT][FT][4], int wh, int lane, int g, int tg,
                                float* srow = nullptr) const {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int hb = 0; hb < 2; ++hb) {
-        s.gb0[mt][hb] += __shfl_xor_sync(0xffffffffu, s.gb0[mt][hb], 1);
-        s.gb0[mt][hb] += __shfl_xor_sync(0xffffffffu, s.gb0[mt][hb], 2);
-#pragma unroll
-        for (int o = 0; o < NOC; ++o) {
-          s.gw1[mt][hb][o] += __shfl_xor_sync(0xffffffffu, s.gw1[mt][hb][o], 1);
-          s.gw1[mt][hb][o] += __shfl_xor_sync(0xffffffffu, s.gw1[mt][hb][o], 2);
-        }
-      }
-    }
-#pragma unroll
-    for (int o = 0; o <= NOC; ++o) {
-      float& v = o < NOC ? s.gl[o] : s.lsum;
-#pragma unroll
-      for (int m = 16; m >= 1; m /= 2) v += __shfl_xor_sync(0xffffffffu, v, m);
-    }
+    sum_block_lanes(s);
     float* out;
     if constexpr (Staged) {
       out = srow;
@@ -1426,23 +1455,7 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
     float* const stage = w0f + HP * NI * 2 + 8 * R * HW + 8 * RB;
 
     // The W0^T fragments, split, by the first team's B warps (as the unpaired kernel's team 0); the barriers.
-    if (!fwd && team == 0) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int kt = 0; kt < KT; ++kt) {
-          std::uint32_t hi[4], lo[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int i = kt * 8 + tg + 4 * (e / 2), j = wh * 32 + mt * 16 + g + 8 * (e % 2);
-            base::split((i < this->n_in && j < this->H) ? this->params[this->w0off + i * this->H + j] : 0.0f, hi[e], lo[e]);
-          }
-          uint4* const dst = reinterpret_cast<uint4*>(w0f) + ((wh * MT + mt) * KT + kt) * 64 + lane;
-          dst[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-          dst[32] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-        }
-      }
-    }
+    if (!fwd && team == 0) this->split_w0(w0f, wh, lane, g, tg);
     if (!fwd && wh == 0 && lane == 0) {
       for (int q = 0; q < R; ++q) {
         mbarrier_init(bars + 2 * q, WH * 32);
@@ -1471,28 +1484,7 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
   __device__ void forward_warp(std::int64_t first, std::int64_t nteams, float* xbuf, const float* w0f, float* hand,
                                float* part, std::uint64_t* bars, int team, int wh, int lane, int g, int tg) const {
     Step s;
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-      for (int hb = 0; hb < 2; ++hb) {
-        const int j = wh * 32 + mt * 16 + hb * 8 + g;
-        // As the unpaired kernel: with BIAS_QUAD two copies the compiler cannot tell are equal.
-        float v = 0.0f, w = 0.0f;
-        if (j < this->H) {
-          v = this->params[this->b0off + j];
-          if constexpr (base::BIAS_QUAD) {
-            asm volatile("ld.volatile.global.f32 %0, [%1];" : "=f"(w) : "l"(this->params + this->b0off + j));
-          } else {
-            w = v;
-          }
-        }
-        s.b0q[mt][2 * hb] = v;
-        s.b0q[mt][2 * hb + 1] = w;
-        s.w1r[mt][hb][0] = j < this->H ? this->params[this->w1off + j * this->NO] : 0.0f;
-      }
-    }
-    s.b1r[0] = this->params[this->b1off];
-    s.clear();
+    this->load_unit_params(s, wh, g);
     const int tl = wh * 32 + lane;  // thread in the team's F warps (the copies)
     s.c = this->cursor_at(first);
     s.n = s.c;
@@ -1511,46 +1503,19 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
       float zc[MT][NB][4];
       base::forward(zc, xs, w0f, s, wh, lane, g, tg);
 
-      // Activations in place; the warp's output sums for rows nt*8 + 2*tg + bit, over its hidden units.
-      float p[NB][2];
-#pragma unroll
-      for (int nt = 0; nt < NB; ++nt) p[nt][0] = p[nt][1] = 0.0f;
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int nt = 0; nt < NB; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float h = activate(A, zc[mt][nt][e]);
-            zc[mt][nt][e] = h;
-            p[nt][e % 2] += h * s.w1r[mt][e / 2][0];
-          }
-        }
-      }
+      float p[NB][2][1];
+      base::template activate_outputs<A>(zc, s, p);
       // Over g: one warp a team, the reduce-scatter (each lane a row's sum); else the butterfly and the
       // exchange between the team's F warps.
       float own = 0.0f;
       if constexpr (WH == 1) {
-        float v[8];
-#pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = p[k / 2][k % 2];
-#pragma unroll
-        for (int step = 0, half = 4; step < 3; ++step, half /= 2) {
-          const bool up = (lane >> (2 + step)) & 1;
-#pragma unroll
-          for (int k = 0; k < half; ++k) {
-            const float send = up ? v[k] : v[k + half], keep = up ? v[k + half] : v[k];
-            v[k] = keep + __shfl_xor_sync(0xffffffffu, send, 4 << step);
-          }
-        }
-        const int k = 2 * (lane / 8) + lane % 2, gi = 4 * (k & 1) + 2 * ((k >> 1) & 1) + (k >> 2);
-        own = __shfl_sync(0xffffffffu, v[0], 4 * gi + (lane % 8) / 2);
+        own = base::row_of_lane(base::reduce_scatter(p, lane), lane);
       } else {
 #pragma unroll
         for (int nt = 0; nt < NB; ++nt) {
 #pragma unroll
           for (int bit = 0; bit < 2; ++bit) {
-            float v = p[nt][bit];
+            float v = p[nt][bit][0];
             v += __shfl_xor_sync(0xffffffffu, v, 4);
             v += __shfl_xor_sync(0xffffffffu, v, 8);
             v += __shfl_xor_sync(0xffffffffu, v, 16);
@@ -1605,26 +1570,17 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
         // through a volatile asm, so the compiler cannot hoist these addresses out of the batch loop (held in
         // registers across it, they spilled).
         const int ln = lane_volatile(), lg = ln / 4, lt = ln % 4;
+        base::sum_block_lanes(s);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
           for (int hb = 0; hb < 2; ++hb) {
-            s.gb0[mt][hb] += __shfl_xor_sync(0xffffffffu, s.gb0[mt][hb], 1);
-            s.gb0[mt][hb] += __shfl_xor_sync(0xffffffffu, s.gb0[mt][hb], 2);
-            s.gw1[mt][hb][0] += __shfl_xor_sync(0xffffffffu, s.gw1[mt][hb][0], 1);
-            s.gw1[mt][hb][0] += __shfl_xor_sync(0xffffffffu, s.gw1[mt][hb][0], 2);
             if (lt == 0) {
               const int j = mt * 16 + hb * 8 + lg;  // of the warp's 32 units
               slot[H_SUMS + j] = s.gb0[mt][hb];
               slot[H_SUMS + 32 + j] = s.gw1[mt][hb][0];
             }
           }
-        }
-#pragma unroll
-        for (int o = 0; o <= 1; ++o) {
-          float& w = o < 1 ? s.gl[0] : s.lsum;
-#pragma unroll
-          for (int m = 16; m >= 1; m /= 2) w += __shfl_xor_sync(0xffffffffu, w, m);
         }
         if (ln == 0) {
           slot[H_SUMS + 64] = s.gl[0];
