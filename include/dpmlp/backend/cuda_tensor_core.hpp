@@ -109,6 +109,14 @@ struct TensorProblem {
   TensorKernel kernel = TensorKernel::none;  // none: tensor_kernel_for(n_in, H, NO, blocks)
 };
 
+// A tensor kernel's launch error (a bad configuration), as an Error.
+inline void check_tensor_launch() {
+  const cudaError_t launched = cudaPeekAtLastError();
+  if (launched != cudaSuccess) {
+    throw Error(std::string("dpmlp: tensor kernel launch: ") + cudaGetErrorString(launched));
+  }
+}
+
 #if defined(__CUDACC__)
 // The dynamic shared memory `smem` moved up to a 128-byte boundary, by pointer arithmetic on smem itself: a
 // pointer aligned through an integer (uintptr_t) loses the compiler's knowledge that it points to shared
@@ -505,10 +513,7 @@ inline void launch_tensor(const Kokkos::Cuda& space, const TensorProblem& p) {
     throw Error(std::string("dpmlp: cudaFuncSetAttribute (tensor kernel): ") + cudaGetErrorString(opted));
   }
   fused_tensor_core<NI, HP><<<static_cast<unsigned>(p.blocks), kernel_t::T, k.scratch_bytes(), space.cuda_stream()>>>(k);
-  const cudaError_t launched = cudaPeekAtLastError();
-  if (launched != cudaSuccess) {
-    throw Error(std::string("dpmlp: tensor kernel launch: ") + cudaGetErrorString(launched));
-  }
+  check_tensor_launch();
 #else
   (void)space, (void)k;
   throw Error("dpmlp: the tensor engine must be compiled by a CUDA compiler");
@@ -1328,9 +1333,9 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
 };
 
 #if defined(__CUDACC__)
-template <int HP, int NOC>
-__global__ void __launch_bounds__(256, TensorMmaKernel<HP, NOC>::MIN_BLOCKS)
-    fused_tensor_mma(const TensorMmaKernel<HP, NOC> k) {
+// A register-resident kernel's body (either schedule): its run() over the dynamic shared memory.
+template <class Kernel>
+__device__ inline void run_register_resident(const Kernel& k) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ char dpmlp_tensor_smem[];
   k.run(dpmlp_tensor_smem);
@@ -1338,6 +1343,12 @@ __global__ void __launch_bounds__(256, TensorMmaKernel<HP, NOC>::MIN_BLOCKS)
   (void)k;
   __trap();  // tensor_unsupported refuses devices below compute capability 8.0
 #endif
+}
+
+template <int HP, int NOC>
+__global__ void __launch_bounds__(256, TensorMmaKernel<HP, NOC>::MIN_BLOCKS)
+    fused_tensor_mma(const TensorMmaKernel<HP, NOC> k) {
+  run_register_resident(k);
 }
 #endif
 
@@ -1695,13 +1706,7 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
 #if defined(__CUDACC__)
 template <int HP>
 __global__ void __launch_bounds__(512, 1) fused_tensor_pair(const TensorPairKernel<HP> k) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  extern __shared__ char dpmlp_tensor_smem[];
-  k.run(dpmlp_tensor_smem);
-#else
-  (void)k;
-  __trap();  // tensor_unsupported refuses devices below compute capability 8.0
-#endif
+  run_register_resident(k);
 }
 #endif
 
@@ -1723,6 +1728,36 @@ inline const TensorDevice& tensor_device() {
   return d;
 }
 
+#if defined(__CUDACC__)
+// A register-resident kernel's setup, once a process (either schedule): the opt-in to its dynamic shared
+// memory (above 48 KB), covering the grouped layout (`grouped` bytes) where it fits (mma_group and
+// mma_pair_runs ask for it only then), else `bytes`; the shared-memory carveout that lets CTAs share an SM;
+// and how many CTAs of `threads` threads and `bytes` bytes an SM then holds (at least 1).
+template <class Fn>
+inline int register_resident_setup(Fn* fn, int threads, std::size_t grouped, std::size_t bytes) {
+  const std::size_t most = grouped <= static_cast<std::size_t>(tensor_device().smem_optin) ? grouped : bytes;
+  cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most));
+  if (e == cudaSuccess) {
+    e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  }
+  int n = 0;
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, threads, bytes);
+  if (e != cudaSuccess) throw Error(std::string("dpmlp: tensor kernel setup: ") + cudaGetErrorString(e));
+  return n > 0 ? n : 1;
+}
+#endif
+
+// A register-resident kernel's persistent grid: as many CTAs as the SMs hold at once (`resident` an SM), each
+// team looping over blocks; with fewer blocks than teams, enough CTAs for the blocks, but at least one an SM
+// while there are blocks for them (the team-major order then gives each SM a block before any SM a second).
+// Grouped (CTA-major), a CTA a `teams` blocks.
+inline unsigned register_resident_grid(std::int64_t blocks, int teams, int group, int resident) {
+  const std::int64_t sms = tensor_device().sms > 0 ? tensor_device().sms : 1, slots = sms * resident;
+  std::int64_t grid = (blocks + teams - 1) / teams;
+  if (grid < sms && group == 1) grid = blocks < sms ? blocks : sms;
+  return static_cast<unsigned>(grid < slots ? grid : slots);
+}
+
 template <int HP, int NOC>
 inline void launch_tensor_mma(const Kokkos::Cuda& space, const TensorProblem& p, int group) {
   using kernel_t = TensorMmaKernel<HP, NOC>;
@@ -1730,35 +1765,11 @@ inline void launch_tensor_mma(const Kokkos::Cuda& space, const TensorProblem& p,
   if constexpr (kernel_t::GROUPS) k.group = group;
   k.vec16 = p.n_in % 4 == 0 && reinterpret_cast<std::uintptr_t>(p.x) % 16 == 0;
 #if defined(__CUDACC__)
-  // Once a process: the opt-in to the kernel's dynamic shared memory (above 48 KB), the shared-memory carveout
-  // that lets two CTAs share an SM, and how many CTAs an SM then holds.
-  // The opt-in covers the grouped layout where it fits (mma_group asks for it only then).
-  static const int resident = [&] {
-    auto* const fn = fused_tensor_mma<HP, NOC>;
-    const std::size_t grouped = mma_scratch_bytes(HP, NOC, kernel_t::GROUPS);
-    const std::size_t most = grouped <= static_cast<std::size_t>(tensor_device().smem_optin) ? grouped : k.scratch_bytes();
-    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most));
-    if (e == cudaSuccess) {
-      e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-    }
-    int n = 0;
-    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, kernel_t::T, k.scratch_bytes());
-    if (e != cudaSuccess) throw Error(std::string("dpmlp: tensor kernel setup: ") + cudaGetErrorString(e));
-    return n > 0 ? n : 1;
-  }();
-  // A persistent grid: as many CTAs as the SMs hold at once, each team looping over blocks; with fewer blocks
-  // than teams, enough CTAs for the blocks, but at least one an SM while there are blocks for them (the
-  // team-major order then gives each SM a block before any SM a second). Grouped (CTA-major), a CTA a WR
-  // blocks.
-  const std::int64_t sms = tensor_device().sms > 0 ? tensor_device().sms : 1, slots = sms * resident;
-  std::int64_t grid64 = (p.blocks + kernel_t::WR - 1) / kernel_t::WR;
-  if (grid64 < sms && group == 1) grid64 = p.blocks < sms ? p.blocks : sms;
-  const auto grid = static_cast<unsigned>(grid64 < slots ? grid64 : slots);
+  static const int resident = register_resident_setup(fused_tensor_mma<HP, NOC>, kernel_t::T,
+                                                      mma_scratch_bytes(HP, NOC, kernel_t::GROUPS), k.scratch_bytes());
+  const unsigned grid = register_resident_grid(p.blocks, kernel_t::WR, group, resident);
   fused_tensor_mma<HP, NOC><<<grid, kernel_t::T, k.scratch_bytes(), space.cuda_stream()>>>(k);
-  const cudaError_t launched = cudaPeekAtLastError();
-  if (launched != cudaSuccess) {
-    throw Error(std::string("dpmlp: tensor kernel launch: ") + cudaGetErrorString(launched));
-  }
+  check_tensor_launch();
 #else
   (void)space, (void)k;
   throw Error("dpmlp: the tensor engine must be compiled by a CUDA compiler");
@@ -1789,31 +1800,12 @@ inline void launch_tensor_pair(const Kokkos::Cuda& space, const TensorProblem& p
   if constexpr (kernel_t::GROUPS) k.group = group;
   k.vec16 = p.n_in % 4 == 0 && reinterpret_cast<std::uintptr_t>(p.x) % 16 == 0;
 #if defined(__CUDACC__)
-  // Once a process: the opt-in to the kernel's dynamic shared memory, covering the grouped layout where it
-  // fits (mma_pair_runs asks for that layout only then), and the carveout.
-  static const bool ready = [&] {
-    const std::size_t grouped = mma_pair_scratch_bytes(HP, kernel_t::GROUPS);
-    const std::size_t most = grouped <= static_cast<std::size_t>(tensor_device().smem_optin) ? grouped : k.scratch_bytes();
-    cudaError_t e = cudaFuncSetAttribute(fused_tensor_pair<HP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(most));
-    if (e == cudaSuccess) {
-      e = cudaFuncSetAttribute(fused_tensor_pair<HP>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                               cudaSharedmemCarveoutMaxShared);
-    }
-    if (e != cudaSuccess) throw Error(std::string("dpmlp: tensor kernel setup: ") + cudaGetErrorString(e));
-    return true;
-  }();
-  (void)ready;
-  // A persistent grid of one CTA an SM (its 512 threads take every register), as launch_tensor_mma's.
-  const std::int64_t sms = tensor_device().sms > 0 ? tensor_device().sms : 1;
-  std::int64_t grid64 = (p.blocks + kernel_t::WR - 1) / kernel_t::WR;
-  if (grid64 < sms && group == 1) grid64 = p.blocks < sms ? p.blocks : sms;
-  const auto grid = static_cast<unsigned>(grid64 < sms ? grid64 : sms);
+  // One CTA an SM (its 512 threads take every register).
+  static const int resident = register_resident_setup(fused_tensor_pair<HP>, kernel_t::TP,
+                                                      mma_pair_scratch_bytes(HP, kernel_t::GROUPS), k.scratch_bytes());
+  const unsigned grid = register_resident_grid(p.blocks, kernel_t::WR, group, resident);
   fused_tensor_pair<HP><<<grid, kernel_t::TP, k.scratch_bytes(), space.cuda_stream()>>>(k);
-  const cudaError_t launched = cudaPeekAtLastError();
-  if (launched != cudaSuccess) {
-    throw Error(std::string("dpmlp: tensor kernel launch: ") + cudaGetErrorString(launched));
-  }
+  check_tensor_launch();
 #else
   (void)space, (void)k;
   throw Error("dpmlp: the tensor engine must be compiled by a CUDA compiler");
