@@ -106,7 +106,7 @@ struct TensorProblem {
   float scale = 1;
   Activation act = Activation::relu;
   RowWindow window;
-  TensorKernel kernel = TensorKernel::none;  // none: tensor_kernel_for(n_in, H, NO, blocks)
+  TensorKernel kernel = TensorKernel::none;  // none: tensor_kernel_for(n_in, H, NO, blocks, block)
 };
 
 // A tensor kernel's launch error (a bad configuration), as an Error.
@@ -1422,7 +1422,6 @@ template <int HP>
 struct TensorPairKernel : TensorMmaKernel<HP, 1> {
   using base = TensorMmaKernel<HP, 1>;
   using base::FT;
-  using base::KT;
   using base::LDX;
   using base::MT;
   using base::NB;
