@@ -1364,8 +1364,8 @@ __global__ void __launch_bounds__(256, TensorMmaKernel<HP, NOC>::MIN_BLOCKS)
 // gW0 accumulators, each under 128 registers with nothing parked in shared memory, so a CTA of 16 warps (8 F,
 // 8 B) fits an SM, and each warp's chain is about half as long. A team is WH = HP / 32 pairs (F warp w and B
 // warp w take hidden units 32w..32w+31). F hands its B, per batch, what the mask-form backward needs
-// (TensorMmaKernel::masked_grad): the 0/1 mask of each of its lane's 32 values as one bit word (B's A-operand
-// fragment wants exactly the values F's lane held) and each row's output delta; at a block's last batch F's
+// (TensorMmaKernel::masked_grad): the 0/1 mask of each of its lane's 32 values (as bits or as words:
+// mma_pair_mask_words) and each row's output delta; at a block's last batch F's
 // finished b0 / W1 / b1 / loss sums too. B writes the block's sums (or stages them and, grouped, adds the group
 // up with the other teams' B warps: combine_group).
 // Same arithmetic in the same order as TensorMmaKernel<HP, 1> (the forward, the output sums, the deltas, the
@@ -1373,10 +1373,24 @@ __global__ void __launch_bounds__(256, TensorMmaKernel<HP, NOC>::MIN_BLOCKS)
 // for bit. The handoff is a ring of R slots a team (the batch's x and each pair's words), with two mbarriers
 // a slot: `full` (every F lane of the team arrives when the slot's x is in and its words are written) and
 // `empty` (every B lane of the team arrives when done with it); F runs up to R - 1 batches ahead of B.
+// How F hands B a batch's 0/1 mask. As bits (one word a lane, bit k for the lane's value k: B's A-operand
+// fragment wants exactly the values F's lane held), packing and unpacking take a compare and an add, and a
+// shift, an arithmetic shift and a mask a value. As words, where the shared memory allows (from 64 padded
+// hidden units): two values a word, w = m_a + (m_b >> 19) with m = 0x3f800000 (1.0f) or 0, so w itself is the
+// A operand for a (m_b's 0x7f0 sits in the low 13 bits, which the tensor cores ignore in a .tf32 operand: see
+// split) and w << 19 is exactly m_b: two integer instructions a pair in F, a shift a pair in B, 16 words a
+// lane, each loaded by B straight into its fragment's register. One H200, ms per 100 steps, bits -> words:
+// 1M x 256 66.6 -> 65.2, 4M x 256 249.7 -> 244.1, 1M x 64 24.8 -> 23.8, 1M x 128 36.2 -> 35.2 (docs/
+// benchmarks.md, 2026-12-02 06:38 UTC). At 32 units (eight teams of one pair, each with its x batches) the
+// words leave room for three slots only, and that was slower (1M x 32 9.29 -> 9.46).
+inline constexpr bool mma_pair_mask_words(int hp) { return hp != 32; }
+// Slots a team's ring holds: F runs up to that less one batches ahead of B.
 inline constexpr int mma_pair_slots = 4;
-// Words a pair's handoff slot holds: each row's delta (32), each lane's mask bits (32), and at a block's last
-// batch F's finished sums (b0 and W1 for its 32 units, b1, the loss: 66), padded to a multiple of 4.
-inline constexpr int mma_pair_words = 132;
+// Words a pair's handoff slot holds: each row's delta (32), the mask (32 bit words, or 16 words a lane), and at
+// a block's last batch F's finished sums (b0 and W1 for its 32 units, b1, the loss: 66), padded to a multiple
+// of 4.
+inline constexpr int mma_pair_mask_size(int hp) { return mma_pair_mask_words(hp) ? 16 * 32 : 32; }
+inline constexpr int mma_pair_words(int hp) { return (32 + mma_pair_mask_size(hp) + 66 + 3) / 4 * 4; }
 
 // Shared memory of the paired kernel, in bytes, at hp padded hidden units: the mbarriers (teams x R x 2), then
 // per team R batches of x (32 x 36 floats), the split W0^T fragments (hp x 32 x 2), the 8 pairs' handoff slots
@@ -1384,9 +1398,9 @@ inline constexpr int mma_pair_words = 132;
 // register-resident kernel's stage).
 inline std::size_t mma_pair_scratch_bytes(int hp, bool grouped) {
   const std::size_t wh = hp / 32, teams = 8 / wh, staged = grouped ? teams * (34 * 32 + 2) : 0;
-  return 128 + teams * mma_pair_slots * 2 * sizeof(std::uint64_t) +
-         (teams * mma_pair_slots * mma_batch_rows * 36 + std::size_t(hp) * 32 * 2 + 8 * mma_pair_slots * mma_pair_words +
-          8 * mma_batch_rows + staged) *
+  const std::size_t r = mma_pair_slots, hw = mma_pair_words(hp);
+  return 128 + teams * r * 2 * sizeof(std::uint64_t) +
+         (teams * r * mma_batch_rows * 36 + std::size_t(hp) * 32 * 2 + 8 * r * hw + 8 * mma_batch_rows + staged) *
              sizeof(float);
 }
 
@@ -1429,9 +1443,11 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
   using base::RB;
   using base::WH;
   using base::WR;
-  static constexpr int TP = 512, R = mma_pair_slots, HW = mma_pair_words;
-  // Handoff slot offsets, in words: each row's delta, each lane's mask bits, F's finished sums.
-  static constexpr int H_D = 0, H_MASK = 32, H_SUMS = 64;
+  static constexpr int TP = 512, R = mma_pair_slots, HW = mma_pair_words(HP);
+  static constexpr bool WORDS = mma_pair_mask_words(HP);
+  // Handoff slot offsets, in words: each row's delta, the mask, F's finished sums.
+  static constexpr int H_D = 0, H_MASK = 32, H_SUMS = 32 + mma_pair_mask_size(HP);
+  static_assert(MT * NB * 4 == 32, "a lane's mask is 32 values");
 
   std::size_t scratch_bytes() const { return mma_pair_scratch_bytes(HP, this->group > 1); }
 
@@ -1559,22 +1575,39 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
         for (int bit = 0; bit < 2; ++bit) dr[nt][bit] = __shfl_sync(0xffffffffu, d, nt * 8 + 2 * tg + bit);
       }
       // The mask, and this thread's b0 (without w1) and W1 sums, in the unpaired kernel's order.
-      unsigned mask = 0;
+      unsigned mask = 0;              // as bits
+      std::uint32_t mw[MT * NB * 2];  // as words: (mt, nt)'s values 0 and 2, then 1 and 3 (B's A fragment order)
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
         for (int nt = 0; nt < NB; ++nt) {
+          std::uint32_t mb[4];
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const float h = zc[mt][nt][e], m = activate_grad_from_output(A, h);
             s.gw1[mt][e / 2][0] += h * dr[nt][e % 2];
             s.gb0[mt][e / 2] += m * dr[nt][e % 2];
-            if (m != 0.0f) mask |= 1u << ((mt * NB + nt) * 4 + e);
+            mb[e] = __float_as_uint(m);  // 1.0f or 0.0f
+            if constexpr (!WORDS) {
+              if (m != 0.0f) mask |= 1u << ((mt * NB + nt) * 4 + e);
+            }
+          }
+          if constexpr (WORDS) {
+            mw[(mt * NB + nt) * 2] = mb[0] + (mb[2] >> 19);
+            mw[(mt * NB + nt) * 2 + 1] = mb[1] + (mb[3] >> 19);
           }
         }
       }
       slot[H_D + lane] = d;
-      reinterpret_cast<unsigned*>(slot)[H_MASK + lane] = mask;
+      if constexpr (WORDS) {
+        // Word k of every lane together (no bank conflicts); one word at a time, so that B can load each
+        // straight into its A fragment's register (16-byte loads cost it a move a fragment value).
+        std::uint32_t* const mv = reinterpret_cast<std::uint32_t*>(slot + H_MASK);
+#pragma unroll
+        for (int k = 0; k < MT * NB * 2; ++k) mv[k * 32 + lane] = mw[k];
+      } else {
+        reinterpret_cast<unsigned*>(slot)[H_MASK + lane] = mask;
+      }
       if (s.c.last_of_block()) {
         // finish_block's sums over t and over the rows (the same butterflies), for B to write. The lane
         // through a volatile asm, so the compiler cannot hoist these addresses out of the batch loop (held in
@@ -1633,9 +1666,11 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
       const float* const xs = xbuf + q * RB * LDX;
       const float* const slot = hand + q * HW;
       const float d = slot[H_D + lane];
-      const unsigned mask = reinterpret_cast<const unsigned*>(slot)[H_MASK + lane];
-      // gW0^T / w1 += M^T (d x), as the unpaired kernel: A the mask (its bits back to 0.0f / 1.0f), B the rows
-      // times their deltas, split.
+      unsigned mask = 0;              // as bits
+      const std::uint32_t* const mv = reinterpret_cast<const std::uint32_t*>(slot + H_MASK);  // as words
+      if constexpr (!WORDS) mask = mv[lane];
+      // gW0^T / w1 += M^T (d x), as the unpaired kernel: A the mask (back to 0.0f / 1.0f in the bits the tensor
+      // cores read), B the rows times their deltas, split.
 #pragma unroll
       for (int nt = 0; nt < NB; ++nt) {
         const float dr0 = __shfl_sync(0xffffffffu, d, nt * 8 + 2 * tg);
@@ -1643,11 +1678,19 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
         std::uint32_t am[MT][4];
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          const int bit = (mt * NB + nt) * 4;
-          am[mt][0] = (mask >> (bit + 0)) & 1u ? 0x3f800000u : 0u;  // unit g,     row 2t
-          am[mt][1] = (mask >> (bit + 2)) & 1u ? 0x3f800000u : 0u;  // unit g + 8, row 2t
-          am[mt][2] = (mask >> (bit + 1)) & 1u ? 0x3f800000u : 0u;  // unit g,     row 2t + 1
-          am[mt][3] = (mask >> (bit + 3)) & 1u ? 0x3f800000u : 0u;  // unit g + 8, row 2t + 1
+          if constexpr (WORDS) {
+            const std::uint32_t w02 = mv[((mt * NB + nt) * 2) * 32 + lane], w13 = mv[((mt * NB + nt) * 2 + 1) * 32 + lane];
+            am[mt][0] = w02;        // unit g,     row 2t      (value 0; value 2 in the ignored low bits)
+            am[mt][1] = w02 << 19;  // unit g + 8, row 2t      (value 2, exactly 0x3f800000 or 0)
+            am[mt][2] = w13;        // unit g,     row 2t + 1
+            am[mt][3] = w13 << 19;  // unit g + 8, row 2t + 1
+          } else {
+            const int bit = (mt * NB + nt) * 4;
+            am[mt][0] = (mask >> (bit + 0)) & 1u ? 0x3f800000u : 0u;  // unit g,     row 2t
+            am[mt][1] = (mask >> (bit + 2)) & 1u ? 0x3f800000u : 0u;  // unit g + 8, row 2t
+            am[mt][2] = (mask >> (bit + 1)) & 1u ? 0x3f800000u : 0u;  // unit g,     row 2t + 1
+            am[mt][3] = (mask >> (bit + 3)) & 1u ? 0x3f800000u : 0u;  // unit g + 8, row 2t + 1
+          }
         }
         std::uint32_t bh[FT][2], bl[FT][2];
 #pragma unroll
