@@ -1445,6 +1445,12 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
   using base::WR;
   static constexpr int TP = 512, R = mma_pair_slots, HW = mma_pair_words(HP);
   static constexpr bool WORDS = mma_pair_mask_words(HP);
+  // Whether F loads each batch's targets a batch ahead. F's chain bounds the pair (Nsight Compute at 1M x 256
+  // and 1M x 32: B waits for F's handoff half its time), and the targets' load, made for the batch at hand,
+  // held up its forward's first MMA. One H200, ms per 100 steps, at hand -> ahead: 1M x 32 9.34 -> 9.13,
+  // 524288 x 32 (512-row blocks) 5.32 -> 5.22, 1M x 128 35.24 -> 34.66; but 1M x 256 65.05 -> 65.34 and
+  // 4M x 256 243.0 -> 243.9 (docs/benchmarks.md, 2026-12-02 07:10 UTC), so not at 256.
+  static constexpr bool Y_AHEAD = HP != 256;
   // Handoff slot offsets, in words: each row's delta, the mask, F's finished sums.
   static constexpr int H_D = 0, H_MASK = 32, H_SUMS = 32 + mma_pair_mask_size(HP);
   static_assert(MT * NB * 4 == 32, "a lane's mask is 32 values");
@@ -1516,12 +1522,17 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
     s.n = s.c;
     this->advance(s.n, nteams);
     this->issue(s.c, xbuf, tl);
+    if constexpr (Y_AHEAD) this->load_y(s.c, lane, s.yc);
     for (int i = 0; s.c.b < this->blocks; ++i) {
       const int q = i % R, qn = (i + 1) % R;
       // The next batch's x into its slot, once every B warp of the team is done with the batch it held.
       if (i + 1 >= R) mbarrier_wait(bars + 2 * qn + 1, static_cast<unsigned>((i + 1) / R - 1) & 1u);
       this->issue(s.n, xbuf + qn * RB * LDX, tl);
-      this->load_y(s.c, lane, s.yc);
+      if constexpr (Y_AHEAD) {
+        this->load_y(s.n, lane, s.yn);
+      } else {
+        this->load_y(s.c, lane, s.yc);
+      }
       asm volatile("cp.async.wait_group 1;" ::: "memory");
       f_sync(team);  // the batch is in; every F warp of the team is done with the previous batch's exchange
       const float* const xs = xbuf + q * RB * LDX;
@@ -1633,6 +1644,7 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
       }
       mbarrier_arrive(bars + 2 * q);  // the slot's x is in (this lane's copies waited for) and its words written
       s.c = s.n;
+      if constexpr (Y_AHEAD) s.yc[0] = s.yn[0];
       this->advance(s.n, nteams);
     }
     asm volatile("cp.async.wait_all;" ::: "memory");
