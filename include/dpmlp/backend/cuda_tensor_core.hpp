@@ -1449,7 +1449,7 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
   // and 1M x 32: B waits for F's handoff half its time), and the targets' load, made for the batch at hand,
   // held up its forward's first MMA. One H200, ms per 100 steps, at hand -> ahead: 1M x 32 9.34 -> 9.13,
   // 524288 x 32 (512-row blocks) 5.32 -> 5.22, 1M x 128 35.24 -> 34.66; but 1M x 256 65.05 -> 65.34 and
-  // 4M x 256 243.0 -> 243.9 (docs/benchmarks.md, 2026-12-02 07:10 UTC), so not at 256.
+  // 4M x 256 243.0 -> 243.9 (docs/benchmarks.md, 2026-12-02 07:09 UTC), so not at 256.
   static constexpr bool Y_AHEAD = HP != 256;
   // Handoff slot offsets, in words: each row's delta, the mask, F's finished sums.
   static constexpr int H_D = 0, H_MASK = 32, H_SUMS = 32 + mma_pair_mask_size(HP);
