@@ -1586,7 +1586,9 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
         for (int bit = 0; bit < 2; ++bit) dr[nt][bit] = __shfl_sync(0xffffffffu, d, nt * 8 + 2 * tg + bit);
       }
       // The mask, and this thread's b0 (without w1) and W1 sums, in the unpaired kernel's order.
-      unsigned mask = 0;              // as bits
+      // As bits: bit k = (mt * NB + nt) * 4 + e, summed in floats, exactly (m is 1.0f or 0.0f, the weights
+      // powers of two, four sums of eight bits), an FMA a value where a compare and a predicated add were two.
+      float mf[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       std::uint32_t mw[MT * NB * 2];  // as words: (mt, nt)'s values 0 and 2, then 1 and 3 (B's A fragment order)
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
@@ -1600,7 +1602,8 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
             s.gb0[mt][e / 2] += m * dr[nt][e % 2];
             mb[e] = __float_as_uint(m);  // 1.0f or 0.0f
             if constexpr (!WORDS) {
-              if (m != 0.0f) mask |= 1u << ((mt * NB + nt) * 4 + e);
+              const int k = (mt * NB + nt) * 4 + e;
+              mf[k / 8] = fmaf(m, static_cast<float>(1u << (k % 8)), mf[k / 8]);
             }
           }
           if constexpr (WORDS) {
@@ -1617,7 +1620,8 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
 #pragma unroll
         for (int k = 0; k < MT * NB * 2; ++k) mv[k * 32 + lane] = mw[k];
       } else {
-        reinterpret_cast<unsigned*>(slot)[H_MASK + lane] = mask;
+        reinterpret_cast<unsigned*>(slot)[H_MASK + lane] =
+            __float2uint_rz(mf[0]) | __float2uint_rz(mf[1]) << 8 | __float2uint_rz(mf[2]) << 16 | __float2uint_rz(mf[3]) << 24;
       }
       if (s.c.last_of_block()) {
         // finish_block's sums over t and over the rows (the same butterflies), for B to write. The lane
