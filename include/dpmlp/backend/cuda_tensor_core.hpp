@@ -1374,8 +1374,8 @@ __global__ void __launch_bounds__(256, TensorMmaKernel<HP, NOC>::MIN_BLOCKS)
 // a slot: `full` (every F lane of the team arrives when the slot's x is in and its words are written) and
 // `empty` (every B lane of the team arrives when done with it); F runs up to R - 1 batches ahead of B.
 // How F hands B a batch's 0/1 mask. As bits (one word a lane, bit k for the lane's value k: B's A-operand
-// fragment wants exactly the values F's lane held), packing and unpacking take a compare and an add, and a
-// shift, an arithmetic shift and a mask a value. As words, where the shared memory allows (from 64 padded
+// fragment wants exactly the values F's lane held), packing takes an FMA a value (forward_warp) and unpacking
+// a shift, an arithmetic shift and a mask. As words, where the shared memory allows (from 64 padded
 // hidden units): two values a word, w = m_a + (m_b >> 19) with m = 0x3f800000 (1.0f) or 0, so w itself is the
 // A operand for a (m_b's 0x7f0 sits in the low 13 bits, which the tensor cores ignore in a .tf32 operand: see
 // split) and w << 19 is exactly m_b: two integer instructions a pair in F, a shift a pair in B, 16 words a
