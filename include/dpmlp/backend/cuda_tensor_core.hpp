@@ -1620,8 +1620,8 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
 #pragma unroll
         for (int k = 0; k < MT * NB * 2; ++k) mv[k * 32 + lane] = mw[k];
       } else {
-        reinterpret_cast<unsigned*>(slot)[H_MASK + lane] =
-            __float2uint_rz(mf[0]) | __float2uint_rz(mf[1]) << 8 | __float2uint_rz(mf[2]) << 16 | __float2uint_rz(mf[3]) << 24;
+        reinterpret_cast<unsigned*>(slot)[H_MASK + lane] = __float2uint_rz(mf[0]) | __float2uint_rz(mf[1]) << 8 |
+                                                           __float2uint_rz(mf[2]) << 16 | __float2uint_rz(mf[3]) << 24;
       }
       if (s.c.last_of_block()) {
         // finish_block's sums over t and over the rows (the same butterflies), for B to write. The lane
@@ -1695,7 +1695,7 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           if constexpr (WORDS) {
-            const std::uint32_t w02 = mv[((mt * NB + nt) * 2) * 32 + lane], w13 = mv[((mt * NB + nt) * 2 + 1) * 32 + lane];
+            const std::uint32_t w02 = mv[(mt * NB + nt) * 64 + lane], w13 = mv[(mt * NB + nt) * 64 + 32 + lane];
             am[mt][0] = w02;        // unit g,     row 2t      (value 0; value 2 in the ignored low bits)
             am[mt][1] = w02 << 19;  // unit g + 8, row 2t      (value 2, exactly 0x3f800000 or 0)
             am[mt][2] = w13;        // unit g,     row 2t + 1
