@@ -968,6 +968,38 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
     }
   }
 
+  // The output deltas of this thread's rows (nt * 8 + 2 * tg + bit), from the lanes that hold them (lane = row).
+  __device__ static void row_deltas(const float (&d)[NOC], int tg, float (&dr)[NB][2][NOC]) {
+#pragma unroll
+    for (int nt = 0; nt < NB; ++nt) {
+#pragma unroll
+      for (int bit = 0; bit < 2; ++bit) {
+#pragma unroll
+        for (int o = 0; o < NOC; ++o) dr[nt][bit][o] = __shfl_sync(0xffffffffu, d[o], nt * 8 + 2 * tg + bit);
+      }
+    }
+  }
+  // The mask form's hidden-delta phase (masked_grad), one piece for both schedules so that they sum in one
+  // order: each value's derivative m (0.0f or 1.0f), and this thread's b0 (without w1; finish_block applies
+  // it) and W1 sums; use(mt, nt, e, m) takes each m (the unpaired kernel in place of h, the paired one into
+  // its handoff).
+  template <Activation A, class Use>
+  __device__ static void mask_sums(const float (&zc)[MT][NB][4], const float (&dr)[NB][2][NOC], Step& s, Use&& use) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < NB; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float h = zc[mt][nt][e], m = activate_grad_from_output(A, h);
+          s.gw1[mt][e / 2][0] += h * dr[nt][e % 2][0];
+          s.gb0[mt][e / 2] += m * dr[nt][e % 2][0];
+          use(mt, nt, e, m);
+        }
+      }
+    }
+  }
+
   // The targets of the cursor's batch for the row this lane stands for (0 past the rows).
   __device__ void load_y(const Cursor& cur, int lane, float (&v)[NOC]) const {
     const std::int64_t row = cur.r + lane;
@@ -1113,29 +1145,10 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
     }
     // Hidden deltas in place, and this thread's b0 and W1 sums.
     float dr[NB][2][NOC];
-#pragma unroll
-    for (int nt = 0; nt < NB; ++nt) {
-#pragma unroll
-      for (int bit = 0; bit < 2; ++bit) {
-#pragma unroll
-        for (int o = 0; o < NOC; ++o) dr[nt][bit][o] = __shfl_sync(0xffffffffu, d[o], nt * 8 + 2 * tg + bit);
-      }
-    }
+    row_deltas(d, tg, dr);
     if constexpr (masked_grad(A)) {
-      // The mask in place of h; b0's sum without w1 (finish_block applies it).
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int nt = 0; nt < NB; ++nt) {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float h = zc[mt][nt][e], m = activate_grad_from_output(A, h);
-            s.gw1[mt][e / 2][0] += h * dr[nt][e % 2][0];
-            s.gb0[mt][e / 2] += m * dr[nt][e % 2][0];
-            zc[mt][nt][e] = m;
-          }
-        }
-      }
+      // The mask in place of h.
+      mask_sums<A>(zc, dr, s, [&](int mt, int nt, int e, float m) { zc[mt][nt][e] = m; });
       float gw[MT][FT][4];
       unpark(gwp, gw);
       // Backward, gW0^T / w1 += M^T (d x): A is the mask straight from the registers (0 or 1, exact in TF32),
@@ -1579,39 +1592,26 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
           s.gl[0] += d;
         }
       }
-      float dr[NB][2];
-#pragma unroll
-      for (int nt = 0; nt < NB; ++nt) {
-#pragma unroll
-        for (int bit = 0; bit < 2; ++bit) dr[nt][bit] = __shfl_sync(0xffffffffu, d, nt * 8 + 2 * tg + bit);
-      }
-      // The mask, and this thread's b0 (without w1) and W1 sums, in the unpaired kernel's order.
-      // As bits: bit k = (mt * NB + nt) * 4 + e, summed in floats, exactly (m is 1.0f or 0.0f, the weights
-      // powers of two, four sums of eight bits), an FMA a value where a compare and a predicated add were two.
+      float dr[NB][2][1];
+      base::row_deltas({d}, tg, dr);
+      // The mask, and this thread's b0 (without w1) and W1 sums, in the unpaired kernel's order. As bits: bit
+      // k = (mt * NB + nt) * 4 + e, summed in floats, exactly (m is 1.0f or 0.0f, the weights powers of two,
+      // four sums of eight bits), an FMA a value where a compare and a predicated add were two. As words:
+      // (mt, nt)'s values 0 and 2, then 1 and 3 (B's A fragment order).
       float mf[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      std::uint32_t mw[MT * NB * 2];  // as words: (mt, nt)'s values 0 and 2, then 1 and 3 (B's A fragment order)
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-        for (int nt = 0; nt < NB; ++nt) {
-          std::uint32_t mb[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const float h = zc[mt][nt][e], m = activate_grad_from_output(A, h);
-            s.gw1[mt][e / 2][0] += h * dr[nt][e % 2];
-            s.gb0[mt][e / 2] += m * dr[nt][e % 2];
-            mb[e] = __float_as_uint(m);  // 1.0f or 0.0f
-            if constexpr (!WORDS) {
-              const int k = (mt * NB + nt) * 4 + e;
-              mf[k / 8] = fmaf(m, static_cast<float>(1u << (k % 8)), mf[k / 8]);
-            }
-          }
-          if constexpr (WORDS) {
+      std::uint32_t mb[4], mw[MT * NB * 2];
+      base::template mask_sums<A>(zc, dr, s, [&](int mt, int nt, int e, float m) {
+        if constexpr (WORDS) {
+          mb[e] = __float_as_uint(m);  // 1.0f or 0.0f
+          if (e == 3) {
             mw[(mt * NB + nt) * 2] = mb[0] + (mb[2] >> 19);
             mw[(mt * NB + nt) * 2 + 1] = mb[1] + (mb[3] >> 19);
           }
+        } else {
+          const int k = (mt * NB + nt) * 4 + e;
+          mf[k / 8] = fmaf(m, static_cast<float>(1u << (k % 8)), mf[k / 8]);
         }
-      }
+      });
       slot[H_D + lane] = d;
       if constexpr (WORDS) {
         // Word k of every lane together (no bank conflicts); one word at a time, so that B can load each
