@@ -1507,7 +1507,9 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
         mbarrier_init(bars + 2 * q + 1, WH * 32);
       }
     }
-    __syncthreads();
+    // Each role meets the others at barrier 0 (after the W0^T split and the mbarriers' init) inside its own
+    // function, after its prologue, so that the prologue's global loads (F: its parameters, its first batch's x
+    // and targets; B: w1) overlap the split's.
     if (fwd) {
       forward_warp<A>(first, nteams, xbuf, w0f, hand, part, bars, team, wh, lane, g, tg);
     } else {
@@ -1536,6 +1538,7 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
     this->advance(s.n, nteams);
     this->issue(s.c, xbuf, tl);
     if constexpr (Y_AHEAD) this->load_y(s.c, lane, s.yc);
+    cta_barrier();  // the W0^T fragments are in, the mbarriers initialized
     for (int i = 0; s.c.b < this->blocks; ++i) {
       const int q = i % R, qn = (i + 1) % R;
       // The next batch's x into its slot, once every B warp of the team is done with the batch it held.
@@ -1676,6 +1679,7 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
       }
     }
     Cursor c = this->cursor_at(first);
+    cta_barrier();  // (run_as)
     for (int i = 0; c.b < this->blocks; ++i) {
       const int q = i % R;
       mbarrier_wait(bars + 2 * q, static_cast<unsigned>(i / R) & 1u);
@@ -1752,6 +1756,11 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
       this->advance(c, nteams);
     }
   }
+
+  // Barrier 0 for the whole CTA, reached from the two roles' own code: the non-.aligned form, which PTX allows
+  // where the threads of a CTA do not all execute the same barrier instruction (bar.sync, what __syncthreads
+  // emits, is .aligned).
+  __device__ static void cta_barrier() { asm volatile("barrier.sync 0;" ::: "memory"); }
 
   __device__ static int lane_volatile() {
     unsigned l;
