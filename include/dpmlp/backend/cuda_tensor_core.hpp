@@ -1925,17 +1925,18 @@ inline TensorKernel tensor_kernel_for(int inputs, int hidden, int outputs, std::
 // short last group (7 inputs, 50 hidden units): combine_group's read of the stage against finish_block's staged
 // stores (compute-sanitizer with -lineinfo), also when no warp of the CTA exits early (so not the teams without a
 // block), still unexplained, although every grouped row was bitwise right; at four outputs too. Those models keep a
-// row a block. DPMLP_MMA_GROUP=1 turns it off (measurements).
+// row a block. DPMLP_MMA_GROUP=1 turns it off, DPMLP_MMA_GROUP=8 on wherever it can run (measurements).
 inline int mma_group(int hidden, int outputs, std::int64_t global_blocks, int ranks) {
-  static const bool off = [] {
+  static const std::string forced = [] {
     const char* v = std::getenv("DPMLP_MMA_GROUP");
-    return v != nullptr && std::string(v) == "1";
+    return std::string(v != nullptr ? v : "");
   }();
   constexpr int teams = 8;  // a CTA's one-warp teams at 32 hidden units: the group
-  if (off || tensor_hp(hidden) != 32 || outputs != 1 ||
+  if (forced == "1" || tensor_hp(hidden) != 32 || outputs != 1 ||
       mma_scratch_bytes(32, 1, true) > static_cast<std::size_t>(tensor_device().smem_optin)) {
     return 1;
   }
+  if (forced == "8") return teams;
   const std::int64_t sms = tensor_device().sms > 0 ? tensor_device().sms : 1;
   return global_blocks * 8 >= std::int64_t(ranks > 0 ? ranks : 1) * sms * teams * 7 ? teams : 1;
 }
