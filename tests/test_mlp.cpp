@@ -188,15 +188,21 @@ TEST_CASE("the tensor engine matches the fp64 reference where it runs, and is re
 }
 
 // Which tensor kernel runs (backend::tensor_kernel_for), from global values only (so every rank count runs
-// the same one): the warp-matrix kernel for fewer blocks than the register-resident one fills (1024 at 32 hidden
-// units) of fewer than 128 rows (the seed's shape), the register-resident one from 1024 blocks or from 128 rows
-// a block (the warp-matrix kernel's time grows with the block: several times slower there on an H200).
-TEST_CASE("the tensor engine picks its kernel from the global block count and the block size", "[mlp][tensor]") {
+// the same one): for one output with relu or identity (the mask form, paired at 32 and 256 units) the register-
+// resident kernel at every block count (it was as fast or faster at 32-938 blocks on an H200, the seed's
+// shape included); for other models the warp-matrix kernel for fewer blocks than the register-resident one
+// fills (1024 at 32 hidden units) of fewer than 128 rows, the register-resident one from 1024 blocks or from
+// 128 rows a block (the warp-matrix kernel's time grows with the block: several times slower there).
+TEST_CASE("the tensor engine picks its kernel from the model, the global block count and the block size",
+          "[mlp][tensor]") {
   using Engine = dpmlp::detail::BlockEngine<Space, float>;
-  dpmlp::Mlp<float, Memory> model({32, 32, 1});
+  const dpmlp::Mlp<float, Memory> relu1({32, 32, 1}, dpmlp::Activation::relu);
+  const dpmlp::Mlp<float, Memory> identity1({32, 32, 1}, dpmlp::Activation::identity);
+  const dpmlp::Mlp<float, Memory> tanh1({32, 32, 1}, dpmlp::Activation::tanh);
+  const dpmlp::Mlp<float, Memory> relu4({32, 32, 4}, dpmlp::Activation::relu);
   const char* forced = std::getenv("DPMLP_TENSOR_KERNEL");
-  if (!Engine::tensor_unsupported(model).empty()) {
-    CHECK(Engine::tensor_kernel_for(model, dpmlp::Engine::tensor, 313, 128) == 0);  // none here
+  if (!Engine::tensor_unsupported(relu1).empty()) {
+    CHECK(Engine::tensor_kernel_for(relu1, dpmlp::Engine::tensor, 313, 128) == 0);  // none here
     return;
   }
   if (forced != nullptr && *forced != '\0') {
@@ -204,21 +210,30 @@ TEST_CASE("the tensor engine picks its kernel from the global block count and th
     return;
   }
   constexpr int mma = 1, wmma = 2;
-  if (Engine::tensor_kernel_for(model, dpmlp::Engine::tensor, 1 << 20) != mma ||
-      Engine::tensor_kernel_for(model, dpmlp::Engine::tensor, 16) != wmma) {
+  if (Engine::tensor_kernel_for(tanh1, dpmlp::Engine::tensor, 1 << 20) != mma ||
+      Engine::tensor_kernel_for(tanh1, dpmlp::Engine::tensor, 16) != wmma) {
     WARN("one of the two tensor kernels does not run here (its shared memory)");
     return;
   }
-  CHECK(Engine::tensor_kernel_for(model, dpmlp::Engine::tensor, 313, 64) == wmma);
-  CHECK(Engine::tensor_kernel_for(model, dpmlp::Engine::tensor, 1023, 127) == wmma);
-  CHECK(Engine::tensor_kernel_for(model, dpmlp::Engine::tensor, 313) == wmma);  // block size not known
-  CHECK(Engine::tensor_kernel_for(model, dpmlp::Engine::tensor, 313, 128) == mma);
-  CHECK(Engine::tensor_kernel_for(model, dpmlp::Engine::tensor, 3, 1024) == mma);
-  CHECK(Engine::tensor_kernel_for(model, dpmlp::Engine::tensor, 1024, 64) == mma);
+  for (const auto* m : {&relu1, &identity1}) {
+    CHECK(Engine::tensor_kernel_for(*m, dpmlp::Engine::tensor, 313, 64) == mma);  // the seed's shape
+    CHECK(Engine::tensor_kernel_for(*m, dpmlp::Engine::tensor, 16) == mma);
+    CHECK(Engine::tensor_kernel_for(*m, dpmlp::Engine::tensor, 1023, 127) == mma);
+    CHECK(Engine::tensor_kernel_for(*m, dpmlp::Engine::tensor, 1 << 20) == mma);
+  }
+  for (const auto* m : {&tanh1, &relu4}) {
+    CHECK(Engine::tensor_kernel_for(*m, dpmlp::Engine::tensor, 313, 64) == wmma);
+    CHECK(Engine::tensor_kernel_for(*m, dpmlp::Engine::tensor, 1023, 127) == wmma);
+    CHECK(Engine::tensor_kernel_for(*m, dpmlp::Engine::tensor, 313) == wmma);  // block size not known
+    CHECK(Engine::tensor_kernel_for(*m, dpmlp::Engine::tensor, 313, 128) == mma);
+    CHECK(Engine::tensor_kernel_for(*m, dpmlp::Engine::tensor, 3, 1024) == mma);
+    CHECK(Engine::tensor_kernel_for(*m, dpmlp::Engine::tensor, 1024, 64) == mma);
+  }
   // The engine built for a step takes the same choice from its block size.
   const auto gemm = dpmlp::linalg::default_backend<Space>(true);
-  CHECK(Engine(model, 3000, 1024, gemm, dpmlp::Engine::tensor).tensor_kernel() == mma);
-  CHECK(Engine(model, 3000, 64, gemm, dpmlp::Engine::tensor).tensor_kernel() == wmma);
+  CHECK(Engine(tanh1, 3000, 1024, gemm, dpmlp::Engine::tensor).tensor_kernel() == mma);
+  CHECK(Engine(tanh1, 3000, 64, gemm, dpmlp::Engine::tensor).tensor_kernel() == wmma);
+  CHECK(Engine(relu1, 3000, 64, gemm, dpmlp::Engine::tensor).tensor_kernel() == mma);
 }
 
 // The register-resident tensor kernel, grouped (backend::mma_group): its CTA's teams take consecutive blocks

@@ -70,9 +70,10 @@ TEST_CASE("fused and tensor engines: bitwise the one-device parameters", "[train
   const std::vector<Case> cases = {
       {{8, 16, 1}, dpmlp::Activation::relu, 1000, 7},   {{8, 16, 1}, dpmlp::Activation::relu, 997, 64},
       {{8, 16, 1}, dpmlp::Activation::relu, 1001, 100}, {{40, 100, 3}, dpmlp::Activation::tanh, 523, 48},
-      // 1024 blocks: on CUDA the tensor engine's register-resident kernel, at every rank count (the kernel is
-      // chosen from the global block count; chosen from a rank's share, 2 ranks ran the other kernel).
-      {{8, 16, 1}, dpmlp::Activation::relu, 16384, 16},
+      // 1024 blocks: on CUDA the tensor engine's register-resident kernel, at every rank count (one output and
+      // relu: at every block count; tanh: chosen from the global block count, from 1024 blocks; chosen from a
+      // rank's share, 2 ranks ran the other kernel).
+      {{8, 16, 1}, dpmlp::Activation::relu, 16384, 16},  {{8, 16, 1}, dpmlp::Activation::tanh, 16384, 16},
       // On a GPU of 132 SMs the register-resident kernel groups its blocks (backend::mma_group) from 924
       // blocks a rank (7/8 of its 1056 teams): 1500 blocks group at 1 rank and not at 2 (the same bits either
       // way), 2500 at 1 and 2 ranks (ranks own whole groups; the last group is short) and not at 3.

@@ -219,7 +219,7 @@ class BlockEngine {
     if constexpr (tensor_space) {
       if (engine == Engine::tensor) {
         return static_cast<int>(backend::tensor_kernel_for(model.inputs(), model.widths()[1], model.outputs(),
-                                                           global_blocks, block_rows));
+                                                           model.activation(), global_blocks, block_rows));
       }
     }
 #endif

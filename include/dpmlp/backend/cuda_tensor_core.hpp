@@ -106,7 +106,7 @@ struct TensorProblem {
   float scale = 1;
   Activation act = Activation::relu;
   RowWindow window;
-  TensorKernel kernel = TensorKernel::none;  // none: tensor_kernel_for(n_in, H, NO, blocks, block)
+  TensorKernel kernel = TensorKernel::none;  // none: tensor_kernel_for(n_in, H, NO, act, blocks, block)
 };
 
 // A tensor kernel's launch error (a bad configuration), as an Error.
@@ -1883,17 +1883,24 @@ inline void launch_tensor_pair(const Kokkos::Cuda& space, const TensorProblem& p
 // (over every rank). The two kernels' sums have different shapes, so the choice must not depend on a rank's
 // share, or the trained bits would depend on the rank count: it depends on the model, the global block count
 // and the device's shared memory only. The register-resident kernel (32 or fewer inputs, its shared memory
-// fitting) from 128 * 8 / (hp / 32) blocks on: enough to fill half of its teams (8 / (hp / 32) an SM, a team
-// a block) on a 128-SM GPU split over two ranks; with fewer, the warp-matrix one, a CTA a block, spreads them
-// over more SMs (the seed's 313 blocks: 3.94 against 4.75 ms per 100 steps, 2xH200; again at 157 blocks of 64
-// rows, the seed's share of a GPU, on one H200, 2026-12-02: 1.91 against 2.27 ms). But also from 128 rows a
-// block on, whatever the block count: the warp-matrix kernel takes a block's rows 64 at a time in one CTA, so
-// its time grows with the block, and it was several times slower there (engine us a step, one H200, warp-
-// matrix against register-resident: 924 blocks of 1024 rows 462 against 84, 782 of 256 96 against 27, 782 of
-// 128 51 against 19; docs/benchmarks.md, 02:33 UTC). The default block sizes reach 128 rows only above 4096
-// blocks of 64, so this changes the kernel only for a block size the caller chose. Else none.
-// DPMLP_TENSOR_KERNEL=mma or wmma picks one where it fits (tests, measurements).
-inline TensorKernel tensor_kernel_for(int inputs, int hidden, int outputs, std::int64_t global_blocks,
+// fitting):
+// - at every block count for a model with one output and relu or identity (its mask-form backward; paired
+//   teams at 32 and 256 padded units). On one H200 (2026-12-02 10:37 UTC, docs/benchmarks.md; ms per 100 steps,
+//   64-row blocks, 2000-60000 rows, 32-938 blocks) it was as fast as the warp-matrix kernel at 32 blocks of
+//   32 units (1.45 against 1.43) and faster everywhere else: the seed's share of a GPU (157 blocks of 32
+//   units) 1.67 against 1.84, the seed on one GPU (313) 1.80 against 2.67, 5000 x 64 1.68 against 1.85,
+//   2000 x 128 1.55 against 2.27, 2000 x 256 1.80 against 3.54. (Before the paired teams and the roles'
+//   overlapped prologues it was slower at the seed's 157 and 313 blocks: 2.27 against 1.91 ms.)
+// - else (several outputs, tanh: not measured there) from 128 * 8 / (hp / 32) blocks on, enough to fill half
+//   of its teams (8 / (hp / 32) an SM, a team a block) on a 128-SM GPU split over two ranks, or from 128 rows
+//   a block on, whatever the block count: the warp-matrix kernel takes a block's rows 64 at a time in one
+//   CTA, so its time grows with the block (engine us a step, one H200, warp-matrix against register-resident:
+//   924 blocks of 1024 rows 462 against 84, 782 of 256 96 against 27, 782 of 128 51 against 19;
+//   docs/benchmarks.md, 02:33 UTC). The unpaired register-resident kernel at 32 units was slower than the
+//   warp-matrix one at the seed's share (10000 rows: 2.23 against 1.87 ms, 10:26 UTC).
+// Else the warp-matrix kernel, where it fits; else none. DPMLP_TENSOR_KERNEL=mma or wmma picks one where it
+// fits (tests, measurements).
+inline TensorKernel tensor_kernel_for(int inputs, int hidden, int outputs, Activation act, std::int64_t global_blocks,
                                       std::int64_t block_rows = 0) {
   static const std::string forced = [] {
     const char* v = std::getenv("DPMLP_TENSOR_KERNEL");
@@ -1903,8 +1910,10 @@ inline TensorKernel tensor_kernel_for(int inputs, int hidden, int outputs, std::
   const int ni = tensor_ni(inputs), hp = tensor_hp(hidden);
   const bool mma = ni == 32 && mma_scratch_bytes(hp, outputs == 1 ? 1 : 4) <= most;
   const bool wmma = tensor_scratch_bytes(ni, hp, outputs) <= most;
+  const bool masked = outputs == 1 && (act == Activation::relu || act == Activation::identity);
   const bool prefer_mma =
-      forced == "mma" || (forced != "wmma" && (global_blocks >= 128 * (8 / (hp / 32)) || block_rows >= 128));
+      forced == "mma" ||
+      (forced != "wmma" && (masked || global_blocks >= 128 * (8 / (hp / 32)) || block_rows >= 128));
   if (mma && (prefer_mma || !wmma)) return TensorKernel::mma;
   if (wmma) return TensorKernel::wmma;
   return TensorKernel::none;
@@ -1945,7 +1954,7 @@ inline int mma_group(int hidden, int outputs, std::int64_t global_blocks, int ra
 inline std::string tensor_unsupported(int inputs, int hidden, int outputs) {
   const std::string why = tensor_cores_unavailable();
   if (!why.empty()) return why;
-  if (tensor_kernel_for(inputs, hidden, outputs, 0) == TensorKernel::none) {
+  if (tensor_kernel_for(inputs, hidden, outputs, Activation::relu, 0) == TensorKernel::none) {
     return "the tensor engine's shared memory (" +
            std::to_string(tensor_scratch_bytes(tensor_ni(inputs), tensor_hp(hidden), outputs)) +
            " bytes a block) does not fit the device's " + std::to_string(tensor_device().smem_optin);
@@ -1958,7 +1967,7 @@ inline std::string tensor_unsupported(int inputs, int hidden, int outputs) {
 inline void compute_tensor(const Kokkos::Cuda& space, const TensorProblem& p, int group = 1) {
   if (p.rows == 0 || p.blocks == 0) return;
   const TensorKernel kernel =
-      p.kernel != TensorKernel::none ? p.kernel : tensor_kernel_for(p.n_in, p.H, p.NO, p.blocks, p.block);
+      p.kernel != TensorKernel::none ? p.kernel : tensor_kernel_for(p.n_in, p.H, p.NO, p.act, p.blocks, p.block);
   if (group != 1 && (kernel != TensorKernel::mma || group != 8 || tensor_hp(p.H) != 32 || p.NO != 1)) {
     throw Error("dpmlp: tensor engine: a group of " + std::to_string(group) + " blocks a partial-sum row, which " +
                 "only the register-resident kernel takes, as 8, at 32 or fewer hidden units and one output");
