@@ -193,18 +193,30 @@ TEST_CASE("the tensor engine matches the fp64 reference where it runs, and is re
 // shape included); for other models the warp-matrix kernel for fewer blocks than the register-resident one
 // fills (1024 at 32 hidden units) of fewer than 128 rows, the register-resident one from 1024 blocks or from
 // 128 rows a block (the warp-matrix kernel's time grows with the block: several times slower there).
-TEST_CASE("the tensor engine picks its kernel from the model, the global block count and the block size",
+TEST_CASE("the tensor engine picks its kernel and the default block size from the model and the step's shape",
           "[mlp][tensor]") {
   using Engine = dpmlp::detail::BlockEngine<Space, float>;
   const dpmlp::Mlp<float, Memory> relu1({32, 32, 1}, dpmlp::Activation::relu);
   const dpmlp::Mlp<float, Memory> identity1({32, 32, 1}, dpmlp::Activation::identity);
   const dpmlp::Mlp<float, Memory> tanh1({32, 32, 1}, dpmlp::Activation::tanh);
   const dpmlp::Mlp<float, Memory> relu4({32, 32, 4}, dpmlp::Activation::relu);
+  // The default block size: at most 2048 blocks where the register-resident kernel runs at every block count
+  // (whatever DPMLP_TENSOR_KERNEL says: every rank must take the same), else 4096.
+  CHECK(Engine::default_block_rows(relu1, dpmlp::Engine::layered, 1048576) == 256);
+  CHECK(Engine::default_block_rows(relu1, dpmlp::Engine::fused, 1048576) == 256);
+  CHECK(Engine::default_block_rows(tanh1, dpmlp::Engine::tensor, 1048576) == 256);
+  CHECK(Engine::default_block_rows(relu4, dpmlp::Engine::tensor, 1048576) == 256);
+  CHECK(Engine::default_block_rows(relu1, dpmlp::Engine::tensor, 20000) == 64);
   const char* forced = std::getenv("DPMLP_TENSOR_KERNEL");
   if (!Engine::tensor_unsupported(relu1).empty()) {
     CHECK(Engine::tensor_kernel_for(relu1, dpmlp::Engine::tensor, 313, 128) == 0);  // none here
+    CHECK(Engine::default_block_rows(relu1, dpmlp::Engine::tensor, 1048576) == 256);  // (no tensor engine)
     return;
   }
+  for (const auto* m : {&relu1, &identity1}) {
+    CHECK(Engine::default_block_rows(*m, dpmlp::Engine::tensor, 1048576) == 512);
+  }
+  CHECK(Engine::default_block_rows(dpmlp::Mlp<float, Memory>({33, 32, 1}), dpmlp::Engine::tensor, 1048576) == 256);
   if (forced != nullptr && *forced != '\0') {
     WARN("DPMLP_TENSOR_KERNEL=" << forced << " picks the kernel");
     return;

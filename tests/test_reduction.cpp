@@ -62,16 +62,22 @@ TEST_CASE("the default block size caps the block count and the partial sums", "[
   // Hidden 256 (8706 sums a block): at most 2^24 sums, so 1024 blocks, not 4096.
   CHECK(default_block_rows(1048576, 8706) == 1024);
   CHECK(default_block_rows(4194304, 8706) == 4096);
-  for (const std::int64_t rows : {1, 1000, 20000, 1048576, 4194304, 100000000}) {
-    for (const std::int64_t width : {0, 2, 1090, 8706, 1 << 20, (1 << 24) + 1}) {
-      const std::int64_t b = default_block_rows(rows, width), blocks = (rows + b - 1) / b;
-      CHECK(b >= 64);
-      CHECK(blocks <= 4096);
-      if (width > 0 && blocks > 1) CHECK(blocks * width <= (std::int64_t(1) << 24));
-      // The smallest such size: half of it would break a cap (unless it is the 64-row floor).
-      if (b > 64) {
-        const std::int64_t more = (rows + b / 2 - 1) / (b / 2);
-        CHECK((more > 4096 || (width > 0 && more * width > (std::int64_t(1) << 24))));
+  // At most 2048 blocks (the register-resident tensor kernel's default: BlockEngine::default_most_blocks).
+  CHECK(default_block_rows(1048576, 1090, 2048) == 512);
+  CHECK(default_block_rows(20000, 1090, 2048) == 64);
+  CHECK(default_block_rows(1048576, 8706, 2048) == 1024);
+  for (const std::int64_t most : {4096, 2048}) {
+    for (const std::int64_t rows : {1, 1000, 20000, 1048576, 4194304, 100000000}) {
+      for (const std::int64_t width : {0, 2, 1090, 8706, 1 << 20, (1 << 24) + 1}) {
+        const std::int64_t b = default_block_rows(rows, width, most), blocks = (rows + b - 1) / b;
+        CHECK(b >= 64);
+        CHECK(blocks <= most);
+        if (width > 0 && blocks > 1) CHECK(blocks * width <= (std::int64_t(1) << 24));
+        // The smallest such size: half of it would break a cap (unless it is the 64-row floor).
+        if (b > 64) {
+          const std::int64_t more = (rows + b / 2 - 1) / (b / 2);
+          CHECK((more > most || (width > 0 && more * width > (std::int64_t(1) << 24))));
+        }
       }
     }
   }

@@ -43,7 +43,7 @@ namespace dpmlp {
 struct TrainerOptions {
   // reproducible: the final parameters are bitwise identical whatever the rank count (docs/design.md).
   Reduction reduction = Reduction::reproducible;
-  std::int64_t block_rows = 0;  // rows per reduction block; 0: default_block_rows(global rows)
+  std::int64_t block_rows = 0;  // rows per reduction block; 0: the default (BlockEngine::default_block_rows)
   std::optional<linalg::Backend> gemm;  // default: linalg::default_backend<ExecSpace>(reproducible)
   // At start, rank 0's parameters are broadcast to every rank. With `false`, the ranks instead check that
   // they already hold the same parameters (by digest) and refuse to train if not.
@@ -242,7 +242,7 @@ class DataParallelTrainer {
     global_rows_ = global_rows;
     block_ = options.block_rows > 0
                  ? options.block_rows
-                 : default_block_rows(global_rows, detail::BlockEngine<ExecSpace, Scalar>::sums_per_block(model));
+                 : detail::BlockEngine<ExecSpace, Scalar>::default_block_rows(model, engine_kind, global_rows);
     // The tree's leaves: groups of group_ blocks where the engine sums them itself (the same bits: a group is a
     // subtree), so ranks own whole groups. Every rank must take the same group: the smallest of theirs.
     group_ = detail::BlockEngine<ExecSpace, Scalar>::leaf_group(model_, engine_kind, global_blocks(), comm_.size(),
@@ -651,8 +651,8 @@ Scalar value_and_grad(const ExecSpace& space, const Mlp<Scalar, typename ExecSpa
   if (rows <= 0) throw InputError("dpmlp::value_and_grad: zero rows");
   if (grad.extent(0) != model.num_params()) throw InputError("dpmlp::value_and_grad: grad has the wrong size");
   using engine_t = detail::BlockEngine<ExecSpace, Scalar>;
-  const std::int64_t block = block_rows > 0 ? block_rows : default_block_rows(rows, engine_t::sums_per_block(model));
   const Engine kind = engine_t::resolve_engine(model, engine);
+  const std::int64_t block = block_rows > 0 ? block_rows : engine_t::default_block_rows(model, kind, rows);
   const std::int64_t nblocks = (rows + block - 1) / block;
   const int group = engine_t::leaf_group(model, kind, nblocks, 1, block);
   const BlockTreePlan plan(rows, block * group, 0, 1);

@@ -180,6 +180,31 @@ class BlockEngine {
   static std::int64_t sums_per_block(const Mlp<Scalar, memory_space>& model) {
     return static_cast<std::int64_t>(model.num_params()) + 1;
   }
+  // The most blocks a step of the default block size has (default_block_rows) for `model` on the resolved
+  // engine `kind`: 2048 where the tensor engine's register-resident kernel runs at every block count (one
+  // output, relu or identity, 32 or fewer inputs: backend::mma_at_every_count), whose partial sums and
+  // their tree then halve, else 4096. One H200, ms per 100 steps, blocks of 2x the rows (docs/benchmarks.md,
+  // 2026-12-02 10:50 UTC): 1M x 64 23.6 -> 18.8, 1M x 32 9.04 -> 8.80, 524288 x 32 (a rank's share of 1M on
+  // two GPUs) 5.42 -> 5.17, 262144 x 32 3.71 -> 3.43. (The wide models' block count is bound by their
+  // partial sums' size already: 1024 blocks at 1M x 256.) Not measured for the other engines: they keep 4096.
+  // Independent of the environment (DPMLP_TENSOR_KERNEL), so every rank takes the same.
+  static std::int64_t default_most_blocks(const Mlp<Scalar, memory_space>& model, Engine kind) {
+#if defined(KOKKOS_ENABLE_CUDA)
+    if constexpr (tensor_space) {
+      if (kind == Engine::tensor && backend::mma_at_every_count(model.inputs(), model.widths()[1], model.outputs(),
+                                                                model.activation())) {
+        return 2048;
+      }
+    }
+#endif
+    (void)model, (void)kind;
+    return 4096;
+  }
+  // The default rows a block (dpmlp::default_block_rows) for `model` on the resolved engine `kind`.
+  static std::int64_t default_block_rows(const Mlp<Scalar, memory_space>& model, Engine kind,
+                                         std::int64_t global_rows) {
+    return dpmlp::default_block_rows(global_rows, sums_per_block(model), default_most_blocks(model, kind));
+  }
   // engine: Engine::fused, tensor or layered (resolve_engine turns automatic into one of them).
   // global_blocks: the blocks of a step over every rank (0: this engine's own, one rank); the tensor engine
   // picks its kernel from it, so every rank count runs the same kernel.

@@ -30,15 +30,18 @@ enum class Reduction { reproducible, fast };
 
 inline const char* reduction_name(Reduction r) { return r == Reduction::reproducible ? "reproducible" : "fast"; }
 
-// Rows per block when the caller does not choose: 64, doubled until there are at most 4096 blocks and at
-// most 2^24 per-block partial sums in all (blocks x width, width: the sums a block produces, the parameters
-// and the loss), so the partial sums stay small at millions of rows and for wide models. A function of the
-// global row count and the model only (never of the rank count). Short blocks keep each block's in-order
-// sums short: on a GPU those sums are chains of dependent loads. The second cap matters from ~1900 sums a
-// block (hidden 256 of the seed's model: 8706; at 1M rows 1024 blocks instead of 4096, which cut a 2xH200
-// step from 687 to 552 us: the partial sums and their tree had been a fifth of it).
-inline std::int64_t default_block_rows(std::int64_t global_rows, std::int64_t width = 0) {
-  constexpr std::int64_t most_blocks = 4096, most_sums = std::int64_t(1) << 24;
+// Rows per block when the caller does not choose: 64, doubled until there are at most `most_blocks` blocks
+// (4096; the trainer asks for 2048 where the engine is the register-resident tensor kernel:
+// BlockEngine::default_most_blocks) and at most 2^24 per-block partial sums in all (blocks x width, width:
+// the sums a block produces, the parameters and the loss), so the partial sums stay small at millions of
+// rows and for wide models. A function of the global row count and the model only (never of the rank
+// count). Short blocks keep each block's in-order sums short: on a GPU those sums are chains of dependent
+// loads. The second cap matters from ~1900 sums a block (hidden 256 of the seed's model: 8706; at 1M rows
+// 1024 blocks instead of 4096, which cut a 2xH200 step from 687 to 552 us: the partial sums and their tree
+// had been a fifth of it).
+inline std::int64_t default_block_rows(std::int64_t global_rows, std::int64_t width = 0,
+                                       std::int64_t most_blocks = 4096) {
+  constexpr std::int64_t most_sums = std::int64_t(1) << 24;
   std::int64_t block = 64;
   auto blocks = [&] { return (global_rows + block - 1) / block; };
   while (blocks() > most_blocks || (width > 0 && blocks() > 1 && blocks() * width > most_sums)) block *= 2;

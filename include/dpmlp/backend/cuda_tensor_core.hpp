@@ -1900,6 +1900,12 @@ inline void launch_tensor_pair(const Kokkos::Cuda& space, const TensorProblem& p
 //   warp-matrix one at the seed's share (10000 rows: 2.23 against 1.87 ms, 10:26 UTC).
 // Else the warp-matrix kernel, where it fits; else none. DPMLP_TENSOR_KERNEL=mma or wmma picks one where it
 // fits (tests, measurements).
+// Whether the register-resident kernel runs this model at every block count, whatever the environment (the
+// default block size depends on it: default_most_blocks in mlp.hpp).
+inline bool mma_at_every_count(int inputs, int hidden, int outputs, Activation act) {
+  return outputs == 1 && (act == Activation::relu || act == Activation::identity) && tensor_ni(inputs) == 32 &&
+         mma_scratch_bytes(tensor_hp(hidden), 1) <= static_cast<std::size_t>(tensor_device().smem_optin);
+}
 inline TensorKernel tensor_kernel_for(int inputs, int hidden, int outputs, Activation act, std::int64_t global_blocks,
                                       std::int64_t block_rows = 0) {
   static const std::string forced = [] {
@@ -1910,10 +1916,9 @@ inline TensorKernel tensor_kernel_for(int inputs, int hidden, int outputs, Activ
   const int ni = tensor_ni(inputs), hp = tensor_hp(hidden);
   const bool mma = ni == 32 && mma_scratch_bytes(hp, outputs == 1 ? 1 : 4) <= most;
   const bool wmma = tensor_scratch_bytes(ni, hp, outputs) <= most;
-  const bool masked = outputs == 1 && (act == Activation::relu || act == Activation::identity);
   const bool prefer_mma =
-      forced == "mma" ||
-      (forced != "wmma" && (masked || global_blocks >= 128 * (8 / (hp / 32)) || block_rows >= 128));
+      forced == "mma" || (forced != "wmma" && (mma_at_every_count(inputs, hidden, outputs, act) ||
+                                               global_blocks >= 128 * (8 / (hp / 32)) || block_rows >= 128));
   if (mma && (prefer_mma || !wmma)) return TensorKernel::mma;
   if (wmma) return TensorKernel::wmma;
   return TensorKernel::none;
