@@ -10,8 +10,9 @@
 // accumulated in fp32 (CUTLASS's 3xTF32 scheme).
 //
 // Two kernels, chosen by tensor_kernel_for (below): the register-resident one (TensorMmaKernel, raw
-// mma.sync, 32 or fewer inputs) for steps with enough blocks to fill it, the warp-matrix one
-// (FusedTensorCoreKernel, CUDA's nvcuda::wmma, any shape the fused engines take) otherwise. This is the only
+// mma.sync, 32 or fewer inputs) for one-output relu/identity models at every step size, for other models
+// in steps with enough blocks to fill it; the warp-matrix one (FusedTensorCoreKernel, CUDA's nvcuda::wmma,
+// any shape the fused engines take) otherwise. This is the only
 // file that uses either. Each is launched here, on the Kokkos::Cuda instance's stream (so CUDA-graph capture
 // and stream order are kept): Kokkos caps team scratch at 48 KB, and both need more shared memory (up to
 // ~150 KB a block). Both compute exactly what the SIMT kernel computes (the same per-block partial sums, in
@@ -28,8 +29,8 @@
 //   backward  gW0[NI x HP] += X^T[NI x C] dZ[C x HP]   warps own 16x16 tiles, accumulators in registers for
 //             the whole block (MMA)
 // The next chunk's rows are loaded into registers while the backward MMAs run, a chunk's targets while its
-// forward MMAs run, and the block's parameters and first chunk all at once: at the seed's size (a block a CTA,
-// one chunk a block) the kernel is one pass through these phases, so its time is their chain of latencies.
+// forward MMAs run, and the block's parameters and first chunk all at once: with 64-row blocks (a block a
+// CTA, one chunk a block) the kernel is one pass through these phases, so its time is their chain of latencies.
 #pragma once
 
 #include <Kokkos_Core.hpp>
