@@ -1880,6 +1880,13 @@ inline void launch_tensor_pair(const Kokkos::Cuda& space, const TensorProblem& p
 #endif
 }
 
+// Whether the register-resident kernel runs this model at every block count (tensor_kernel_for, below), whatever
+// the environment (the default block size depends on it: BlockEngine::default_most_blocks in mlp.hpp).
+inline bool mma_at_every_count(int inputs, int hidden, int outputs, Activation act) {
+  return outputs == 1 && (act == Activation::relu || act == Activation::identity) && tensor_ni(inputs) == 32 &&
+         mma_scratch_bytes(tensor_hp(hidden), 1) <= static_cast<std::size_t>(tensor_device().smem_optin);
+}
+
 // Which tensor kernel runs a model of this shape whose steps have `global_blocks` reduction blocks in all
 // (over every rank). The two kernels' sums have different shapes, so the choice must not depend on a rank's
 // share, or the trained bits would depend on the rank count: it depends on the model, the global block count
@@ -1901,12 +1908,6 @@ inline void launch_tensor_pair(const Kokkos::Cuda& space, const TensorProblem& p
 //   warp-matrix one at the seed's share (10000 rows: 2.23 against 1.87 ms, 10:26 UTC).
 // Else the warp-matrix kernel, where it fits; else none. DPMLP_TENSOR_KERNEL=mma or wmma picks one where it
 // fits (tests, measurements).
-// Whether the register-resident kernel runs this model at every block count, whatever the environment (the
-// default block size depends on it: default_most_blocks in mlp.hpp).
-inline bool mma_at_every_count(int inputs, int hidden, int outputs, Activation act) {
-  return outputs == 1 && (act == Activation::relu || act == Activation::identity) && tensor_ni(inputs) == 32 &&
-         mma_scratch_bytes(tensor_hp(hidden), 1) <= static_cast<std::size_t>(tensor_device().smem_optin);
-}
 inline TensorKernel tensor_kernel_for(int inputs, int hidden, int outputs, Activation act, std::int64_t global_blocks,
                                       std::int64_t block_rows = 0) {
   static const std::string forced = [] {
