@@ -44,6 +44,7 @@ wmma() {  # wmma <limit s> <args...>
     "$B/benchmarks/train_bench" "$@" 2>>"$OUT/dpmlp.log" | sed 's/^{/{"tensor_kernel": "wmma", /' \
     | tee -a "$OUT/dpmlp.jsonl"
 }
+wmma 120 --rows 20000 --hidden 32 --peer --graph
 wmma 120 --rows 1048576 --hidden 32 --graph
 wmma 150 --rows 1048576 --hidden 256 --graph --repeats 3
 wmma 200 --rows 4194304 --hidden 256 --graph --repeats 3

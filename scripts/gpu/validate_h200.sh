@@ -48,18 +48,19 @@ for step in $steps; do
       run "multi_gpu_train, 2 GPUs, NCCL, CUDA graph" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE $B/examples/multi_gpu_train --graph
       run "multi_gpu_train, 2 GPUs, MPI communicator" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE $B/examples/multi_gpu_train --comm mpi
       run "multi_gpu_train, 2 GPUs, fast reduction" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE $B/examples/multi_gpu_train --reduction fast
-      # At the seed size Engine::automatic picks the warp-matrix tensor kernel; the register-resident one forced:
-      run "multi_gpu_train, 2 GPUs, NCCL, DPMLP_TENSOR_KERNEL=mma" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE \
-        -x DPMLP_TENSOR_KERNEL=mma $B/examples/multi_gpu_train
+      # At the seed size Engine::automatic picks the register-resident tensor kernel (since 26edb9c); the
+      # warp-matrix one forced:
+      run "multi_gpu_train, 2 GPUs, NCCL, DPMLP_TENSOR_KERNEL=wmma" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE \
+        -x DPMLP_TENSOR_KERNEL=wmma $B/examples/multi_gpu_train
       # The peer exchange (TrainerOptions::peer_exchange): the same digest, plain and graphed, either communicator.
       run "multi_gpu_train, 2 GPUs, peer exchange" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE $B/examples/multi_gpu_train --peer
       run "multi_gpu_train, 2 GPUs, peer exchange, CUDA graph" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE \
         $B/examples/multi_gpu_train --peer --graph
       run "multi_gpu_train, 2 GPUs, MPI communicator, peer exchange" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE \
         $B/examples/multi_gpu_train --comm mpi --peer
-      # The exchange behind the register-resident kernel too:
-      run "multi_gpu_train, 2 GPUs, peer exchange, CUDA graph, DPMLP_TENSOR_KERNEL=mma" 300 mpirun -np 2 \
-        -x NCCL_NVLS_ENABLE -x DPMLP_TENSOR_KERNEL=mma $B/examples/multi_gpu_train --peer --graph
+      # The exchange behind the warp-matrix kernel too:
+      run "multi_gpu_train, 2 GPUs, peer exchange, CUDA graph, DPMLP_TENSOR_KERNEL=wmma" 300 mpirun -np 2 \
+        -x NCCL_NVLS_ENABLE -x DPMLP_TENSOR_KERNEL=wmma $B/examples/multi_gpu_train --peer --graph
       ;;
     refuse)
       run "multi_gpu_train with one visible GPU (expect the refusal, exit 77)" 120 \
