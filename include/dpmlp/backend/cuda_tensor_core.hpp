@@ -552,6 +552,13 @@ inline void launch_tensor(const Kokkos::Cuda& space, const TensorProblem& p) {
 // next batch's pre-activations and the gW0 accumulators wait in shared memory while not in use, which keeps
 // the registers under 255 without spills. x rows arrive by cp.async a batch ahead of that forward (three
 // buffers: the batch in its backward, the next in its forward, the one after in flight).
+// Whether a model takes the register-resident kernel's mask form of the backward: one output and an
+// activation whose derivative is 0 or 1 (relu, identity); TensorMmaKernel::masked_grad says what it is. The
+// paired teams (mma_pair_runs) and the kernel choice at every block count (mma_at_every_count) need it too.
+KOKKOS_INLINE_FUNCTION constexpr bool mask_form(int outputs, Activation a) {
+  return outputs == 1 && (a == Activation::relu || a == Activation::identity);
+}
+
 inline constexpr int mma_batch_rows = 32;  // rows a team takes at once
 inline constexpr int mma_stages = 3;       // x batches a team keeps in flight
 
@@ -613,7 +620,7 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
   // was, and w1 times each block's sum), other bits than the three-MMA form; rank counts still agree bitwise
   // (every per-block sum is still fixed by the block's rows and the widths).
   KOKKOS_INLINE_FUNCTION static constexpr bool masked_grad(Activation a) {
-    return NOC == 1 && (a == Activation::relu || a == Activation::identity);
+    return mask_form(NOC, a);
   }
   static_assert(T == 256 && MT * FT * 4 == 32 && MT * NB * 4 == 32,
                 "mma_scratch_bytes parks two arrays of 32 floats for each of 256 threads");
@@ -1856,8 +1863,7 @@ inline bool mma_pair_runs(const TensorProblem& p, int group) {
   const std::string forced = v != nullptr ? v : "";
   if (forced == "0") return false;
   const int hp = tensor_hp(p.H);
-  return p.NO == 1 && (p.act == Activation::relu || p.act == Activation::identity) &&
-         (forced == "1" || hp == 32 || hp == 256) &&
+  return mask_form(p.NO, p.act) && (forced == "1" || hp == 32 || hp == 256) &&
          mma_pair_scratch_bytes(hp, group > 1) <= static_cast<std::size_t>(tensor_device().smem_optin);
 }
 
@@ -1880,11 +1886,17 @@ inline void launch_tensor_pair(const Kokkos::Cuda& space, const TensorProblem& p
 #endif
 }
 
-// Whether the register-resident kernel runs this model at every block count (tensor_kernel_for, below), whatever
-// the environment (the default block size depends on it: BlockEngine::default_most_blocks in mlp.hpp).
+// Whether the register-resident kernel can run a model of this shape here: 32 or fewer inputs, its shared
+// memory fitting.
+inline bool mma_fits(int inputs, int hidden, int outputs) {
+  return tensor_ni(inputs) == 32 && mma_scratch_bytes(tensor_hp(hidden), outputs == 1 ? 1 : 4) <=
+                                        static_cast<std::size_t>(tensor_device().smem_optin);
+}
+// Whether the register-resident kernel runs this model at every block count (tensor_kernel_for, below, unless
+// DPMLP_TENSOR_KERNEL says otherwise), whatever the environment: the default block size depends on it
+// (BlockEngine::default_most_blocks in mlp.hpp), and every rank must take the same.
 inline bool mma_at_every_count(int inputs, int hidden, int outputs, Activation act) {
-  return outputs == 1 && (act == Activation::relu || act == Activation::identity) && tensor_ni(inputs) == 32 &&
-         mma_scratch_bytes(tensor_hp(hidden), 1) <= static_cast<std::size_t>(tensor_device().smem_optin);
+  return mask_form(outputs, act) && mma_fits(inputs, hidden, outputs);
 }
 
 // Which tensor kernel runs a model of this shape whose steps have `global_blocks` reduction blocks in all
@@ -1916,11 +1928,11 @@ inline TensorKernel tensor_kernel_for(int inputs, int hidden, int outputs, Activ
   }();
   const auto most = static_cast<std::size_t>(tensor_device().smem_optin);
   const int ni = tensor_ni(inputs), hp = tensor_hp(hidden);
-  const bool mma = ni == 32 && mma_scratch_bytes(hp, outputs == 1 ? 1 : 4) <= most;
+  const bool mma = mma_fits(inputs, hidden, outputs);
   const bool wmma = tensor_scratch_bytes(ni, hp, outputs) <= most;
   const bool prefer_mma =
-      forced == "mma" || (forced != "wmma" && (mma_at_every_count(inputs, hidden, outputs, act) ||
-                                               global_blocks >= 128 * (8 / (hp / 32)) || block_rows >= 128));
+      forced == "mma" || (forced != "wmma" && (mask_form(outputs, act) || global_blocks >= 128 * (8 / (hp / 32)) ||
+                                               block_rows >= 128));
   if (mma && (prefer_mma || !wmma)) return TensorKernel::mma;
   if (wmma) return TensorKernel::wmma;
   return TensorKernel::none;
