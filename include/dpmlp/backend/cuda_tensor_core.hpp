@@ -726,17 +726,7 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
     const std::int64_t r0 = cur.r;
     const int n = cur.rows_left();
     if (vec16 && n == RB && n_in == NI) {
-      // A whole batch of 32-float rows is one run of memory: copy c of this thread is its first plus constants
-      // on both sides (c0 is a multiple of NI / 4, so the row offset and the column of each copy are fixed).
-      const float* const src = x + r0 * NI + 4 * tl;
-      const unsigned dst =
-          static_cast<unsigned>(__cvta_generic_to_shared(xs + (tl / (NI / 4)) * LDX + 4 * (tl % (NI / 4))));
-#pragma unroll
-      for (int c0 = 0; c0 < RB * NI / 4; c0 += WH * 32) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + (c0 / (NI / 4)) * LDX * 4),
-                     "l"(src + 4 * c0)
-                     : "memory");
-      }
+      issue_whole(r0, xs, tl);
     } else if (vec16) {
 #pragma unroll
       for (int c0 = 0; c0 < RB * NI / 4; c0 += WH * 32) {
@@ -757,6 +747,20 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
       }
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
+  }
+
+  // issue's common case: a whole batch of 32-float rows is one run of memory, so copy c of this thread is its
+  // first plus constants on both sides (c0 is a multiple of NI / 4: the row offset and column of each are fixed).
+  __device__ void issue_whole(std::int64_t r0, float* xs, int tl) const {
+    const float* const src = x + r0 * NI + 4 * tl;
+    const unsigned dst =
+        static_cast<unsigned>(__cvta_generic_to_shared(xs + (tl / (NI / 4)) * LDX + 4 * (tl % (NI / 4))));
+#pragma unroll
+    for (int c0 = 0; c0 < RB * NI / 4; c0 += WH * 32) {
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + (c0 / (NI / 4)) * LDX * 4),
+                   "l"(src + 4 * c0)
+                   : "memory");
+    }
   }
 
   __device__ void run(char* smem) const {
@@ -1391,9 +1395,10 @@ __global__ void __launch_bounds__(256, TensorMmaKernel<HP, NOC>::MIN_BLOCKS)
 // up with the other teams' B warps: combine_group).
 // Same arithmetic in the same order as TensorMmaKernel<HP, 1> (the forward, the output sums, the deltas, the
 // mask-form MMAs over the same operands, the same finish), so the same bits: test_mlp compares the two bit
-// for bit. The handoff is a ring of R slots a team (the batch's x and each pair's words), with two mbarriers
-// a slot: `full` (every F lane of the team arrives when the slot's x is in and its words are written) and
-// `empty` (every B lane of the team arrives when done with it); F runs up to R - 1 batches ahead of B.
+// for bit. The handoff is a ring of R slots a team (the batch's x and targets, and each pair's words), with
+// two mbarriers a slot: `x in` (B's copy of the batch has landed: B copies batch i + R into slot i % R once
+// done with batch i, see feed) and `full` (every F lane of the team arrives when the slot's words are
+// written); F runs up to R - 1 batches ahead of B.
 // How F hands B a batch's 0/1 mask. As bits (one word a lane, bit k for the lane's value k: B's A-operand
 // fragment wants exactly the values F's lane held), packing takes an FMA a value (forward_warp) and unpacking
 // a shift, an arithmetic shift and a mask. As words, where the shared memory allows (from 64 padded
@@ -1405,6 +1410,15 @@ __global__ void __launch_bounds__(256, TensorMmaKernel<HP, NOC>::MIN_BLOCKS)
 // benchmarks.md, 2026-12-02 06:38 UTC). At 32 units (eight teams of one pair, each with its x batches) the
 // words leave room for three slots only, and that was slower (1M x 32 9.29 -> 9.46).
 inline constexpr bool mma_pair_mask_words(int hp) { return hp != 32; }
+// Who copies each batch's x (and targets) into a team's ring. From 64 padded hidden units B does
+// (TensorPairKernel::feed): F's chain bounds the pair (B waits for F's handoff about half its time, Nsight
+// Compute), so the copies' address arithmetic, issue and waits moved off it, and B copies batch i + R into
+// slot i % R as soon as it is done with batch i, R - 1 batches earlier than F did. One H200, ms per 100 steps,
+// F copies -> B copies (two calls): 1M x 256 64.3 / 64.8 -> 62.2 / 62.6, 4M x 256 240.9 / 241.9 -> 231.6 /
+// 232.3, 64 and 128 units unchanged, small steps 0-3% slower (2000 x 256 1.82 -> 1.87; docs/benchmarks.md,
+// 2026-12-02 16:20-17:00 UTC). At 32 units F keeps copying: there B's copies made the kernel slower (1M x 32
+// 8.78 -> 8.95, 524288 x 32 5.18 -> 5.30), although F ran ~8% fewer instructions a batch.
+inline constexpr bool mma_pair_b_feeds(int hp) { return hp != 32; }
 // Slots a team's ring holds: F runs up to that less one batches ahead of B.
 inline constexpr int mma_pair_slots = 4;
 // Words a pair's handoff slot holds: each row's delta (32), the mask (32 bit words, or 16 words a lane), and at
@@ -1466,12 +1480,8 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
   using base::WR;
   static constexpr int TP = 512, R = mma_pair_slots, HW = mma_pair_words(HP);
   static constexpr bool WORDS = mma_pair_mask_words(HP);
-  // Whether F loads each batch's targets a batch ahead. F's chain bounds the pair (Nsight Compute at 1M x 256
-  // and 1M x 32: B waits for F's handoff half its time), and the targets' load, made for the batch at hand,
-  // held up its forward's first MMA. One H200, ms per 100 steps, at hand -> ahead: 1M x 32 9.34 -> 9.13,
-  // 524288 x 32 (512-row blocks) 5.32 -> 5.22, 1M x 128 35.24 -> 34.66; but 1M x 256 65.05 -> 65.34 and
-  // 4M x 256 243.0 -> 243.9 (docs/benchmarks.md, 2026-12-02 07:09 UTC), so not at 256.
-  static constexpr bool Y_AHEAD = HP != 256;
+  static constexpr bool B_FEEDS = mma_pair_b_feeds(HP);
+  static_assert(LDX > NI, "B's copies put a batch's targets in the x rows' padding column NI");
   // Handoff slot offsets, in words: each row's delta, the mask, F's finished sums.
   static constexpr int H_D = 0, H_MASK = 32, H_SUMS = 32 + mma_pair_mask_size(HP);
   static_assert(MT * NB * 4 == 32, "a lane's mask is 32 values");
@@ -1499,7 +1509,8 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
     if (this->group > 1) first = std::int64_t(blockIdx.x) * WR + team;
 
     char* const top = reinterpret_cast<char*>(align_shared_128(smem));
-    std::uint64_t* const bars = reinterpret_cast<std::uint64_t*>(top) + team * R * 2;  // [slot][full, empty]
+    // [slot][full, x in] (B feeds the ring) or [slot][full, empty] (F does).
+    std::uint64_t* const bars = reinterpret_cast<std::uint64_t*>(top) + team * R * 2;
     float* const base_f = reinterpret_cast<float*>(top + WR * R * 2 * sizeof(std::uint64_t));
     float* const xbuf = base_f + team * R * RB * LDX;
     float* const w0f = base_f + WR * R * RB * LDX;
@@ -1507,8 +1518,13 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
     float* const part = w0f + HP * NI * 2 + 8 * R * HW + team * WH * RB;
     float* const stage = w0f + HP * NI * 2 + 8 * R * HW + 8 * RB;
 
-    // The W0^T fragments, split, by the first team's B warps (as the unpaired kernel's team 0); the barriers.
-    if (!fwd && team == 0) this->split_w0(w0f, wh, lane, g, tg);
+    // Where F feeds the ring: the W0^T fragments, split, by the first team's B warps (as the unpaired kernel's
+    // team 0); where B does, B splits them after its first copies (backward_warp).
+    if constexpr (!B_FEEDS) {
+      if (!fwd && team == 0) this->split_w0(w0f, wh, lane, g, tg);
+    }
+    // The team's mbarriers, by its first B warp: `full` counts the F lanes' arrivals (the handoff written);
+    // `x in` the B lanes' copies landing (cp.async.mbarrier.arrive), or `empty` the B lanes done with a slot.
     if (!fwd && wh == 0 && lane == 0) {
       for (int q = 0; q < R; ++q) {
         mbarrier_init(bars + 2 * q, WH * 32);
@@ -1516,22 +1532,79 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
       }
     }
     // Each role meets the others at barrier 0 (after the W0^T split and the mbarriers' init) inside its own
-    // function, after its prologue, so that the prologue's global loads (F: its parameters, its first batch's x
-    // and targets; B: w1) overlap the split's.
+    // function, after its prologue, so that the prologue's global loads (F: its parameters, and where it feeds
+    // the ring its first batch's x and targets; B: w1, and where it feeds the ring the first R batches) overlap
+    // the split's.
     if (fwd) {
       forward_warp<A>(first, nteams, xbuf, w0f, hand, part, bars, team, wh, lane, g, tg);
     } else {
-      backward_warp(first, nteams, xbuf, hand, bars, stage, team, wh, lane, g, tg);
+      backward_warp(first, nteams, xbuf, w0f, hand, bars, stage, team, wh, lane, g, tg);
     }
   }
 
-  // The F warps of a team meet (WH > 1: the output sums cross them, and each copies part of a batch).
+  // The F warps of a team meet (WH > 1: the output sums cross them).
   __device__ static void f_sync(int team) {
     if constexpr (WH == 1) {
       __syncwarp();
     } else {
       asm volatile("bar.sync %0, %1;" ::"r"(team + 1), "n"(WH * 32) : "memory");
     }
+  }
+
+  // The B warps of a team meet (WH > 1: named barriers 9-12, after F's 1-8 and before combine_group's 15), so
+  // that none of them copies a batch into a slot another still reads.
+  __device__ static void b_sync(int team) {
+    if constexpr (WH == 1) {
+      __syncwarp();
+    } else {
+      asm volatile("bar.sync %0, %1;" ::"r"(team + 9), "n"(WH * 32) : "memory");
+    }
+  }
+
+  // B feeds the ring (where mma_pair_b_feeds says why): the copy of batch `cur` (x, and its targets in the
+  // rows' padding column NI, which no fragment reads) into slot xs, and this lane's arrival on the slot's
+  // `x in` barrier once its copies land (cp.async.mbarrier.arrive: .noinc, so the arrival is one of the WH x 32
+  // the barrier was initialized for). Past the team's last batch it copies nothing: F never waits for it.
+  // The rarer copies (a short batch, inputs fewer than NI or x not 16-byte aligned: zeros where no x is) run as
+  // loops, not unrolled as TensorMmaKernel::issue's: unrolled here they took registers the B warp has not got
+  // at 32 units (ptxas spilled 64-88 bytes a thread, loads from the stack in every batch).
+  __device__ void feed(const Cursor& cur, float* xs, std::uint64_t* xin, int wh, int lane) const {
+    if (cur.b >= this->blocks) return;
+    const int tl = wh * 32 + lane, n = cur.rows_left(), n_in = this->n_in;
+    const std::int64_t r0 = cur.r;
+    if (this->vec16 && n == RB && n_in == NI) {
+      this->issue_whole(r0, xs, tl);
+    } else if (this->vec16) {
+#pragma unroll 1
+      for (int c = tl; c < RB * NI / 4; c += WH * 32) {
+        const int r = c / (NI / 4), q = c % (NI / 4);
+        int bytes = (n_in - 4 * q) * 4;
+        bytes = r < n ? (bytes < 0 ? 0 : bytes > 16 ? 16 : bytes) : 0;
+        const float* src = bytes > 0 ? this->x + (r0 + r) * n_in + 4 * q : this->x;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(xs + r * LDX + 4 * q)),
+                     "l"(src), "r"(bytes)
+                     : "memory");
+      }
+    } else {
+#pragma unroll 1
+      for (int e = tl; e < RB * NI; e += WH * 32) {
+        const int r = e / NI, i = e % NI;
+        const bool ok = r < n && i < n_in;
+        const float* src = ok ? this->x + (r0 + r) * n_in + i : this->x;
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(shared_address(xs + r * LDX + i)),
+                     "l"(src), "r"(ok ? 4 : 0)
+                     : "memory");
+      }
+    }
+    if (wh == 0) {
+      const std::int64_t row = cur.r + lane;
+      const bool ok = row < cur.end;
+      const float* src = ok ? this->y + row : this->y;
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(shared_address(xs + lane * LDX + NI)),
+                   "l"(src), "r"(ok ? 4 : 0)
+                   : "memory");
+    }
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];" ::"r"(shared_address(xin)) : "memory");
   }
 
   // F: each batch's forward, outputs and deltas, handed to B (TensorMmaKernel::batch's arithmetic).
@@ -1542,24 +1615,32 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
     this->load_unit_params(s, wh, g);
     const int tl = wh * 32 + lane;  // thread in the team's F warps (the copies)
     s.c = this->cursor_at(first);
-    s.n = s.c;
-    this->advance(s.n, nteams);
-    this->issue(s.c, xbuf, tl);
-    if constexpr (Y_AHEAD) this->load_y(s.c, lane, s.yc);
+    if constexpr (!B_FEEDS) {
+      s.n = s.c;
+      this->advance(s.n, nteams);
+      this->issue(s.c, xbuf, tl);
+      this->load_y(s.c, lane, s.yc);
+    }
     cta_barrier();  // the W0^T fragments are in, the mbarriers initialized
     for (int i = 0; s.c.b < this->blocks; ++i) {
-      const int q = i % R, qn = (i + 1) % R;
-      // The next batch's x into its slot, once every B warp of the team is done with the batch it held.
-      if (i + 1 >= R) mbarrier_wait(bars + 2 * qn + 1, static_cast<unsigned>((i + 1) / R - 1) & 1u);
-      this->issue(s.n, xbuf + qn * RB * LDX, tl);
-      if constexpr (Y_AHEAD) {
-        this->load_y(s.n, lane, s.yn);
+      const int q = i % R;
+      if constexpr (B_FEEDS) {
+        // The batch's x and targets are in (B copied them once it was done with the slot's last batch).
+        mbarrier_wait(bars + 2 * q + 1, static_cast<unsigned>(i / R) & 1u);
+        f_sync(team);  // every F warp of the team is done with the previous batch's exchange
       } else {
-        this->load_y(s.c, lane, s.yc);
+        // The next batch's x into its slot, once every B warp of the team is done with the batch it held; the
+        // next batch's targets (a batch ahead: they held up the forward's first MMA when loaded for the batch
+        // at hand, 1M x 32 9.34 -> 9.13 ms, docs/benchmarks.md, 2026-12-02 07:09 UTC).
+        const int qn = (i + 1) % R;
+        if (i + 1 >= R) mbarrier_wait(bars + 2 * qn + 1, static_cast<unsigned>((i + 1) / R - 1) & 1u);
+        this->issue(s.n, xbuf + qn * RB * LDX, tl);
+        this->load_y(s.n, lane, s.yn);
+        asm volatile("cp.async.wait_group 1;" ::: "memory");
+        f_sync(team);  // the batch is in; every F warp of the team is done with the previous batch's exchange
       }
-      asm volatile("cp.async.wait_group 1;" ::: "memory");
-      f_sync(team);  // the batch is in; every F warp of the team is done with the previous batch's exchange
       const float* const xs = xbuf + q * RB * LDX;
+      if constexpr (B_FEEDS) s.yc[0] = xs[lane * LDX + NI];
       float* const slot = hand + q * HW;
       float zc[MT][NB][4];
       base::forward(zc, xs, w0f, s, wh, lane, g, tg);
@@ -1657,17 +1738,33 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
         }
         s.clear();
       }
-      mbarrier_arrive(bars + 2 * q);  // the slot's x is in (this lane's copies waited for) and its words written
-      s.c = s.n;
-      if constexpr (Y_AHEAD) s.yc[0] = s.yn[0];
-      this->advance(s.n, nteams);
+      mbarrier_arrive(bars + 2 * q);  // the slot's words are written (and F is done with its x)
+      if constexpr (B_FEEDS) {
+        this->advance(s.c, nteams);
+      } else {
+        s.c = s.n;
+        s.yc[0] = s.yn[0];
+        this->advance(s.n, nteams);
+      }
     }
-    asm volatile("cp.async.wait_all;" ::: "memory");
+    if constexpr (!B_FEEDS) asm volatile("cp.async.wait_all;" ::: "memory");
   }
 
   // B: each batch's backward MMAs from its F warp's handoff; the block's sums.
-  __device__ void backward_warp(std::int64_t first, std::int64_t nteams, const float* xbuf, const float* hand,
+  __device__ void backward_warp(std::int64_t first, std::int64_t nteams, float* xbuf, float* w0f, const float* hand,
                                 std::uint64_t* bars, float* stage, int team, int wh, int lane, int g, int tg) const {
+    // c: the batch at hand; cn (where B feeds the ring): the one R batches on, which goes into the slot once c is
+    // done with it. The team's first R batches into the ring (the mbarriers' init seen first), then the W0^T
+    // fragments, split, by the first team's B warps (as the unpaired kernel's team 0).
+    Cursor cn = this->cursor_at(first);
+    if constexpr (B_FEEDS) {
+      b_sync(team);
+      for (int q = 0; q < R; ++q) {
+        feed(cn, xbuf + q * RB * LDX, bars + 2 * q + 1, wh, lane);
+        this->advance(cn, nteams);
+      }
+      if (team == 0) this->split_w0(w0f, wh, lane, g, tg);
+    }
     float w1r[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -1691,7 +1788,7 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
     for (int i = 0; c.b < this->blocks; ++i) {
       const int q = i % R;
       mbarrier_wait(bars + 2 * q, static_cast<unsigned>(i / R) & 1u);
-      const float* const xs = xbuf + q * RB * LDX;
+      float* const xs = xbuf + q * RB * LDX;
       const float* const slot = hand + q * HW;
       const float d = slot[H_D + lane];
       unsigned mask = 0;              // as bits
@@ -1760,9 +1857,17 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
         }
         if (this->group > 1) this->combine_group(c.b, stage);
       }
-      mbarrier_arrive(bars + 2 * q + 1);  // done with the slot
+      if constexpr (B_FEEDS) {
+        // Done with the slot (every B warp of the team): batch i + R into it.
+        b_sync(team);
+        feed(cn, xs, bars + 2 * q + 1, wh, lane);
+        this->advance(cn, nteams);
+      } else {
+        mbarrier_arrive(bars + 2 * q + 1);  // done with the slot
+      }
       this->advance(c, nteams);
     }
+    if constexpr (B_FEEDS) asm volatile("cp.async.wait_all;" ::: "memory");
   }
 
   // Barrier 0 for the whole CTA, reached from the two roles' own code: the non-.aligned form, which PTX allows
