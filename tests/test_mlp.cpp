@@ -188,7 +188,7 @@ TEST_CASE("the tensor engine matches the fp64 reference where it runs, and is re
 }
 
 // Which tensor kernel runs (backend::tensor_kernel_for), from global values only (so every rank count runs
-// the same one): for one output with relu or identity (the mask form, paired at 32 and 256 units) the register-
+// the same one): for one output with relu or identity (the mask form, paired at every width) the register-
 // resident kernel at every block count (it was as fast or faster at 32-938 blocks on an H200, the seed's
 // shape included); for other models the warp-matrix kernel for fewer blocks than the register-resident one
 // fills (1024 at 32 hidden units) of fewer than 128 rows, the register-resident one from 1024 blocks or from
@@ -341,9 +341,9 @@ TEST_CASE("the grouped tensor kernel writes the block tree's nodes, bitwise", "[
 }
 
 // The register-resident kernel's paired schedule (backend::TensorPairKernel: each warp of a team split into a
-// forward warp and a backward warp) runs at one output, relu or identity, 32 or 256 padded hidden units, in
-// place of the unpaired teams (backend::mma_pair_runs); DPMLP_MMA_PAIR=1 pairs at every width. It must give
-// their sums bit for bit (DPMLP_MMA_PAIR=0 turns it off; both read at every step), at every width (teams of 1,
+// forward warp and a backward warp) runs at one output, relu or identity, wherever its shared memory fits, in
+// place of the unpaired teams (backend::mma_pair_runs). It must give their sums bit for bit
+// (DPMLP_MMA_PAIR=0 turns it off, =1 leaves it on; both read at every step), at every width (teams of 1,
 // 2, 4 and 8 pairs), grouped or not, with short last blocks and groups, fewer inputs or hidden units than the
 // padded shape, and a window of rows (a mini-batch).
 TEST_CASE("the paired register-resident schedule gives the unpaired teams' bits", "[mlp][tensor]") {
@@ -405,7 +405,7 @@ TEST_CASE("the paired register-resident schedule gives the unpaired teams' bits"
           WARN("the paired schedule does not run here (its shared memory)");
           continue;
         }
-        CHECK(dpmlp::backend::mma_pair_runs(tp, group) == (padded == 32 || padded == 256));  // where it is the default
+        CHECK(dpmlp::backend::mma_pair_runs(tp, group));  // the default wherever it fits
 #endif
         for (const bool windowed : {false, true}) {
           dpmlp::detail::RowWindow window;

@@ -1957,18 +1957,19 @@ inline void launch_tensor_mma(const Kokkos::Cuda& space, const TensorProblem& p,
 }
 
 // Whether the paired schedule (TensorPairKernel) runs instead of TensorMmaKernel<HP, 1> (the same bits): one
-// output, relu or identity (the mask-form backward), its shared memory fitting, and 32 or 256 padded hidden
-// units, where it was faster on an H200 (ms per 100 steps, one GPU, unpaired -> paired, docs/benchmarks.md,
-// 2026-12-02 03:52-04:14 UTC): 1M x 32 10.14 -> 9.37, 1M x 256 68.37 -> 66.23, 4M x 256 253.3 -> 246.5; not at
-// 64 (23.7 -> 25.3: ptxas spills a little under the 128 registers) or 128 (36.5 -> 36.7). DPMLP_MMA_PAIR=0
-// keeps the unpaired teams, DPMLP_MMA_PAIR=1 pairs at every width (read at every step: tests compare the two
-// bit for bit).
+// output, relu or identity (the mask-form backward) and its shared memory fitting, at every padded width. First
+// it paired at 32 and 256 units only, where it was faster on an H200 (ms per 100 steps, one GPU, unpaired ->
+// paired, docs/benchmarks.md, 2026-12-02 03:52-04:14 UTC): 1M x 32 10.14 -> 9.37, 1M x 256 68.37 -> 66.23;
+// not then at 64 (23.7 -> 25.3) or 128 (36.5 -> 36.7). Since B feeds the ring there (mma_pair_b_feeds) it is
+// faster at those too, at every size measured (two rounds, same call): 1M x 64 18.83 -> 17.43, 262144 x 64
+// 7.96 -> 7.19, 2000 x 64 1.52 -> 1.34, 1M x 128 35.49 -> 33.26, 262144 x 128 14.51 -> 13.07, 2000 x 128 1.61
+// -> 1.47 (docs/benchmarks.md, 2026-12-02 17:21 UTC).
+// DPMLP_MMA_PAIR=0 keeps the unpaired teams (read at every step: tests compare the two bit for bit).
 inline bool mma_pair_runs(const TensorProblem& p, int group) {
   const char* v = std::getenv("DPMLP_MMA_PAIR");
-  const std::string forced = v != nullptr ? v : "";
-  if (forced == "0") return false;
+  if (v != nullptr && std::string(v) == "0") return false;
   const int hp = tensor_hp(p.H);
-  return mask_form(p.NO, p.act) && (forced == "1" || hp == 32 || hp == 256) &&
+  return mask_form(p.NO, p.act) &&
          mma_pair_scratch_bytes(hp, group > 1) <= static_cast<std::size_t>(tensor_device().smem_optin);
 }
 
