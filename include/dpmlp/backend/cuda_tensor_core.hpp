@@ -1396,9 +1396,10 @@ __global__ void __launch_bounds__(256, TensorMmaKernel<HP, NOC>::MIN_BLOCKS)
 // Same arithmetic in the same order as TensorMmaKernel<HP, 1> (the forward, the output sums, the deltas, the
 // mask-form MMAs over the same operands, the same finish), so the same bits: test_mlp compares the two bit
 // for bit. The handoff is a ring of R slots a team (the batch's x and targets, and each pair's words), with
-// two mbarriers a slot: `x in` (B's copy of the batch has landed: B copies batch i + R into slot i % R once
-// done with batch i, see feed) and `full` (every F lane of the team arrives when the slot's words are
-// written); F runs up to R - 1 batches ahead of B.
+// two mbarriers a slot: `full` (every F lane of the team arrives when the slot's words are written) and,
+// from 64 units, `x in` (B's copy of the batch has landed: B copies batch i + R into slot i % R once done
+// with batch i, see feed and mma_pair_b_feeds) or, at 32 units, where F copies, `empty` (every B lane of the
+// team arrives when done with the slot); F runs up to R - 1 batches ahead of B.
 // How F hands B a batch's 0/1 mask. As bits (one word a lane, bit k for the lane's value k: B's A-operand
 // fragment wants exactly the values F's lane held), packing takes an FMA a value (forward_warp) and unpacking
 // a shift, an arithmetic shift and a mask. As words, where the shared memory allows (from 64 padded
