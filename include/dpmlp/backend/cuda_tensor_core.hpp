@@ -1416,9 +1416,12 @@ inline constexpr bool mma_pair_mask_words(int hp) { return hp != 32; }
 // Compute), so the copies' address arithmetic, issue and waits moved off it, and B copies batch i + R into
 // slot i % R as soon as it is done with batch i, R - 1 batches earlier than F did. One H200, ms per 100 steps,
 // F copies -> B copies (two calls): 1M x 256 64.3 / 64.8 -> 62.2 / 62.6, 4M x 256 240.9 / 241.9 -> 231.6 /
-// 232.3, 64 and 128 units unchanged, small steps 0-3% slower (2000 x 256 1.82 -> 1.87; docs/benchmarks.md,
-// 2026-12-02 16:22-17:03 UTC). At 32 units F keeps copying: there B's copies made the kernel slower (1M x 32
-// 8.78 -> 8.95, 524288 x 32 5.18 -> 5.30), although F ran ~8% fewer instructions a batch.
+// 232.3, small steps 0-3% slower (2000 x 256 1.82 -> 1.87; docs/benchmarks.md, 2026-12-02 16:22-17:03 UTC);
+// and with it the paired teams pay at 64 and 128 units too (mma_pair_runs). At 32 units F still copies: B's
+// copies with the cursor R batches on recomputed each batch were 2% slower there (1M x 32 8.78 -> 8.95); with
+// it carried, as here, 1M x 32 8.79 -> 8.65 but a GPU's share of it on two GPUs (524288 x 32, 512-row blocks)
+// 5.15 -> 5.16 (17:50 UTC): too little to switch without running the tests on that build, for which the
+// session's device time did not last.
 inline constexpr bool mma_pair_b_feeds(int hp) { return hp != 32; }
 // Slots a team's ring holds: F runs up to that less one batches ahead of B.
 inline constexpr int mma_pair_slots = 4;
