@@ -729,24 +729,29 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
       issue_whole(r0, xs, tl);
     } else if (vec16) {
 #pragma unroll
-      for (int c0 = 0; c0 < RB * NI / 4; c0 += WH * 32) {
-        const int c = c0 + tl, r = c / (NI / 4), q = c % (NI / 4);
-        int bytes = (n_in - 4 * q) * 4;
-        bytes = r < n ? (bytes < 0 ? 0 : bytes > 16 ? 16 : bytes) : 0;
-        const float* src = bytes > 0 ? x + (r0 + r) * n_in + 4 * q : x;
-        const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(xs + r * LDX + 4 * q));
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
-      }
+      for (int c0 = 0; c0 < RB * NI / 4; c0 += WH * 32) copy16(r0, n, xs, c0 + tl);
     } else {
-      for (int e = tl; e < RB * NI; e += WH * 32) {
-        const int r = e / NI, i = e % NI;
-        const bool ok = r < n && i < n_in;
-        const float* src = ok ? x + (r0 + r) * n_in + i : x;
-        const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(xs + r * LDX + i));
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
-      }
+      for (int e = tl; e < RB * NI; e += WH * 32) copy4(r0, n, xs, e);
     }
     asm volatile("cp.async.commit_group;" ::: "memory");
+  }
+  // The batch's copies one at a time, where it is not issue_whole's case: 16 bytes (copy c: row c / (NI / 4),
+  // inputs 4 (c % (NI / 4)) on) or 4 bytes (element e: row e / NI, input e % NI), zeros past the batch's n rows
+  // and the inputs.
+  __device__ void copy16(std::int64_t r0, int n, float* xs, int c) const {
+    const int r = c / (NI / 4), q = c % (NI / 4);
+    int bytes = (n_in - 4 * q) * 4;
+    bytes = r < n ? (bytes < 0 ? 0 : bytes > 16 ? 16 : bytes) : 0;
+    const float* src = bytes > 0 ? x + (r0 + r) * n_in + 4 * q : x;
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(xs + r * LDX + 4 * q));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+  }
+  __device__ void copy4(std::int64_t r0, int n, float* xs, int e) const {
+    const int r = e / NI, i = e % NI;
+    const bool ok = r < n && i < n_in;
+    const float* src = ok ? x + (r0 + r) * n_in + i : x;
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(xs + r * LDX + i));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(ok ? 4 : 0) : "memory");
   }
 
   // issue's common case: a whole batch of 32-float rows is one run of memory, so copy c of this thread is its
@@ -1569,36 +1574,21 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
   // rows' padding column NI, which no fragment reads) into slot xs, and this lane's arrival on the slot's
   // `x in` barrier once its copies land (cp.async.mbarrier.arrive: .noinc, so the arrival is one of the WH x 32
   // the barrier was initialized for). Past the team's last batch it copies nothing: F never waits for it.
-  // The rarer copies (a short batch, inputs fewer than NI or x not 16-byte aligned: zeros where no x is) run as
-  // loops, not unrolled as TensorMmaKernel::issue's: unrolled here they took registers the B warp has not got
-  // at 32 units (ptxas spilled 64-88 bytes a thread, loads from the stack in every batch).
+  // The rarer copies (a short batch, inputs fewer than NI or x not 16-byte aligned: zeros where no x is) are
+  // TensorMmaKernel::issue's, in loops that are not unrolled as issue's are: unrolled here they took registers
+  // the B warp has not got at 32 units (ptxas spilled 64-88 bytes a thread, loads from the stack every batch).
   __device__ void feed(const Cursor& cur, float* xs, std::uint64_t* xin, int wh, int lane) const {
     if (cur.b >= this->blocks) return;
-    const int tl = wh * 32 + lane, n = cur.rows_left(), n_in = this->n_in;
+    const int tl = wh * 32 + lane, n = cur.rows_left();
     const std::int64_t r0 = cur.r;
-    if (this->vec16 && n == RB && n_in == NI) {
+    if (this->vec16 && n == RB && this->n_in == NI) {
       this->issue_whole(r0, xs, tl);
     } else if (this->vec16) {
 #pragma unroll 1
-      for (int c = tl; c < RB * NI / 4; c += WH * 32) {
-        const int r = c / (NI / 4), q = c % (NI / 4);
-        int bytes = (n_in - 4 * q) * 4;
-        bytes = r < n ? (bytes < 0 ? 0 : bytes > 16 ? 16 : bytes) : 0;
-        const float* src = bytes > 0 ? this->x + (r0 + r) * n_in + 4 * q : this->x;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(shared_address(xs + r * LDX + 4 * q)),
-                     "l"(src), "r"(bytes)
-                     : "memory");
-      }
+      for (int c = tl; c < RB * NI / 4; c += WH * 32) this->copy16(r0, n, xs, c);
     } else {
 #pragma unroll 1
-      for (int e = tl; e < RB * NI; e += WH * 32) {
-        const int r = e / NI, i = e % NI;
-        const bool ok = r < n && i < n_in;
-        const float* src = ok ? this->x + (r0 + r) * n_in + i : this->x;
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(shared_address(xs + r * LDX + i)),
-                     "l"(src), "r"(ok ? 4 : 0)
-                     : "memory");
-      }
+      for (int e = tl; e < RB * NI; e += WH * 32) this->copy4(r0, n, xs, e);
     }
     if (wh == 0) {
       const std::int64_t row = cur.r + lane;
