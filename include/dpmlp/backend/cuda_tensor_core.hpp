@@ -1401,10 +1401,9 @@ __global__ void __launch_bounds__(256, TensorMmaKernel<HP, NOC>::MIN_BLOCKS)
 // Same arithmetic in the same order as TensorMmaKernel<HP, 1> (the forward, the output sums, the deltas, the
 // mask-form MMAs over the same operands, the same finish), so the same bits: test_mlp compares the two bit
 // for bit. The handoff is a ring of R slots a team (the batch's x and targets, and each pair's words), with
-// two mbarriers a slot: `full` (every F lane of the team arrives when the slot's words are written) and,
-// from 64 units, `x in` (B's copy of the batch has landed: B copies batch i + R into slot i % R once done
-// with batch i, see feed and mma_pair_b_feeds) or, at 32 units, where F copies, `empty` (every B lane of the
-// team arrives when done with the slot); F runs up to R - 1 batches ahead of B.
+// two mbarriers a slot: `full` (every F lane of the team arrives when the slot's words are written) and
+// `x in` (B's copy of the batch has landed: B copies batch i + R into slot i % R once done with batch i, see
+// feed and the ring's comment below); F runs up to R - 1 batches ahead of B.
 // How F hands B a batch's 0/1 mask. As bits (one word a lane, bit k for the lane's value k: B's A-operand
 // fragment wants exactly the values F's lane held), packing takes an FMA a value (forward_warp) and unpacking
 // a shift, an arithmetic shift and a mask. As words, where the shared memory allows (from 64 padded
@@ -1416,18 +1415,17 @@ __global__ void __launch_bounds__(256, TensorMmaKernel<HP, NOC>::MIN_BLOCKS)
 // benchmarks.md, 2026-12-02 06:38 UTC). At 32 units (eight teams of one pair, each with its x batches) the
 // words leave room for three slots only, and that was slower (1M x 32 9.29 -> 9.46).
 inline constexpr bool mma_pair_mask_words(int hp) { return hp != 32; }
-// Who copies each batch's x (and targets) into a team's ring. From 64 padded hidden units B does
-// (TensorPairKernel::feed): F's chain bounds the pair (B waits for F's handoff about half its time, Nsight
-// Compute), so the copies' address arithmetic, issue and waits moved off it, and B copies batch i + R into
-// slot i % R as soon as it is done with batch i, R - 1 batches earlier than F did. One H200, ms per 100 steps,
-// F copies -> B copies (two calls): 1M x 256 64.3 / 64.8 -> 62.2 / 62.6, 4M x 256 240.9 / 241.9 -> 231.6 /
-// 232.3, small steps 0-3% slower (2000 x 256 1.82 -> 1.87; docs/benchmarks.md, 2026-12-02 16:22-17:03 UTC);
-// and with it the paired teams pay at 64 and 128 units too (mma_pair_runs). At 32 units F still copies: B's
-// copies with the cursor R batches on recomputed each batch were 2% slower there (1M x 32 8.78 -> 8.95); with
-// it carried, as here, 1M x 32 8.79 -> 8.65 but a GPU's share of it on two GPUs (524288 x 32, 512-row blocks)
-// 5.15 -> 5.16 (17:50 UTC): too little to switch without running the tests on that build, for which the
-// session's device time did not last.
-inline constexpr bool mma_pair_b_feeds(int hp) { return hp != 32; }
+// The ring. Who copies each batch's x (and targets) into it: B (TensorPairKernel::feed). F's chain bounds the
+// pair (B waits for F's handoff about half its time, Nsight Compute), so the copies' address arithmetic, issue
+// and waits moved off it, and B copies batch i + R into slot i % R as soon as it is done with batch i, R - 1
+// batches earlier than F did when it copied. One H200, ms per 100 steps, F copies -> B copies (docs/
+// benchmarks.md): from 64 units (2026-12-02 16:22-17:03 UTC, two calls) 1M x 256 64.3 / 64.8 -> 62.2 / 62.6,
+// 4M x 256 240.9 / 241.9 -> 231.6 / 232.3, small steps 0-3% slower (2000 x 256 1.82 -> 1.87), and with it the
+// paired teams pay at 64 and 128 units too (mma_pair_runs); at 32 units, with the cursor R batches on carried
+// (recomputed each batch it was 2% slower) and the rare copies in loops (unrolled, B spilled), 20:01 UTC, two
+// rounds: 1M x 32 8.77; 8.79 -> 8.60; 8.62, 10000 x 32 (a GPU's share of the seed) 1.65; 1.68 -> 1.62; 1.60,
+// 20000 x 32 1.84; 1.83 -> 1.77; 1.83, 524288 x 32 with 512-row blocks 5.15; 5.19 -> 5.13; 5.22, 262144 x 32
+// 3.50; 3.48 -> 3.55; 3.50.
 // Slots a team's ring holds: F runs up to that less one batches ahead of B.
 inline constexpr int mma_pair_slots = 4;
 // Words a pair's handoff slot holds: each row's delta (32), the mask (32 bit words, or 16 words a lane), and at
@@ -1489,7 +1487,6 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
   using base::WR;
   static constexpr int TP = 512, R = mma_pair_slots, HW = mma_pair_words(HP);
   static constexpr bool WORDS = mma_pair_mask_words(HP);
-  static constexpr bool B_FEEDS = mma_pair_b_feeds(HP);
   static_assert(LDX > NI, "B's copies put a batch's targets in the x rows' padding column NI");
   // Handoff slot offsets, in words: each row's delta, the mask, F's finished sums.
   static constexpr int H_D = 0, H_MASK = 32, H_SUMS = 32 + mma_pair_mask_size(HP);
@@ -1518,7 +1515,7 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
     if (this->group > 1) first = std::int64_t(blockIdx.x) * WR + team;
 
     char* const top = reinterpret_cast<char*>(align_shared_128(smem));
-    // [slot][full, x in] (B feeds the ring) or [slot][full, empty] (F does).
+    // [slot][full, x in].
     std::uint64_t* const bars = reinterpret_cast<std::uint64_t*>(top) + team * R * 2;
     float* const base_f = reinterpret_cast<float*>(top + WR * R * 2 * sizeof(std::uint64_t));
     float* const xbuf = base_f + team * R * RB * LDX;
@@ -1527,13 +1524,9 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
     float* const part = w0f + HP * NI * 2 + 8 * R * HW + team * WH * RB;
     float* const stage = w0f + HP * NI * 2 + 8 * R * HW + 8 * RB;
 
-    // Where F feeds the ring: the W0^T fragments, split, by the first team's B warps (as the unpaired kernel's
-    // team 0); where B does, B splits them after its first copies (backward_warp).
-    if constexpr (!B_FEEDS) {
-      if (!fwd && team == 0) this->split_w0(w0f, wh, lane, g, tg);
-    }
-    // The team's mbarriers, by its first B warp: `full` counts the F lanes' arrivals (the handoff written);
-    // `x in` the B lanes' copies landing (cp.async.mbarrier.arrive), or `empty` the B lanes done with a slot.
+    // The team's mbarriers, by its first B warp: `full` counts the F lanes' arrivals (the handoff written),
+    // `x in` the B lanes' copies landing (cp.async.mbarrier.arrive). (The W0^T fragments are split by the first
+    // team's B warps after their first copies: backward_warp.)
     if (!fwd && wh == 0 && lane == 0) {
       for (int q = 0; q < R; ++q) {
         mbarrier_init(bars + 2 * q, WH * 32);
@@ -1541,9 +1534,8 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
       }
     }
     // Each role meets the others at barrier 0 (after the W0^T split and the mbarriers' init) inside its own
-    // function, after its prologue, so that the prologue's global loads (F: its parameters, and where it feeds
-    // the ring its first batch's x and targets; B: w1, and where it feeds the ring the first R batches) overlap
-    // the split's.
+    // function, after its prologue, so that the prologue's global loads (F: its parameters; B: the first R
+    // batches and w1) overlap the split's.
     if (fwd) {
       forward_warp<A>(first, nteams, xbuf, w0f, hand, part, bars, team, wh, lane, g, tg);
     } else {
@@ -1570,9 +1562,9 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
     }
   }
 
-  // B feeds the ring (where mma_pair_b_feeds says why): the copy of batch `cur` (x, and its targets in the
-  // rows' padding column NI, which no fragment reads) into slot xs, and this lane's arrival on the slot's
-  // `x in` barrier once its copies land (cp.async.mbarrier.arrive: .noinc, so the arrival is one of the WH x 32
+  // B feeds the ring (why B: the ring's comment, above mma_pair_slots): the copy of batch `cur` (x, and its
+  // targets in the rows' padding column NI, which no fragment reads) into slot xs, and this lane's arrival on the
+  // slot's `x in` barrier once its copies land (cp.async.mbarrier.arrive: .noinc, so the arrival is one of the WH x 32
   // the barrier was initialized for). Past the team's last batch it copies nothing: F never waits for it.
   // The rarer copies (a short batch, inputs fewer than NI or x not 16-byte aligned: zeros where no x is) are
   // TensorMmaKernel::issue's, in loops that are not unrolled as issue's are: unrolled here they took registers
@@ -1607,34 +1599,15 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
                                float* part, std::uint64_t* bars, int team, int wh, int lane, int g, int tg) const {
     Step s;
     this->load_unit_params(s, wh, g);
-    const int tl = wh * 32 + lane;  // thread in the team's F warps (the copies)
     s.c = this->cursor_at(first);
-    if constexpr (!B_FEEDS) {
-      s.n = s.c;
-      this->advance(s.n, nteams);
-      this->issue(s.c, xbuf, tl);
-      this->load_y(s.c, lane, s.yc);
-    }
     cta_barrier();  // the W0^T fragments are in, the mbarriers initialized
     for (int i = 0; s.c.b < this->blocks; ++i) {
       const int q = i % R;
-      if constexpr (B_FEEDS) {
-        // The batch's x and targets are in (B copied them once it was done with the slot's last batch).
-        mbarrier_wait(bars + 2 * q + 1, static_cast<unsigned>(i / R) & 1u);
-        f_sync(team);  // every F warp of the team is done with the previous batch's exchange
-      } else {
-        // The next batch's x into its slot, once every B warp of the team is done with the batch it held; the
-        // next batch's targets (a batch ahead: they held up the forward's first MMA when loaded for the batch
-        // at hand, 1M x 32 9.34 -> 9.13 ms, docs/benchmarks.md, 2026-12-02 07:09 UTC).
-        const int qn = (i + 1) % R;
-        if (i + 1 >= R) mbarrier_wait(bars + 2 * qn + 1, static_cast<unsigned>((i + 1) / R - 1) & 1u);
-        this->issue(s.n, xbuf + qn * RB * LDX, tl);
-        this->load_y(s.n, lane, s.yn);
-        asm volatile("cp.async.wait_group 1;" ::: "memory");
-        f_sync(team);  // the batch is in; every F warp of the team is done with the previous batch's exchange
-      }
+      // The batch's x and targets are in (B copied them once it was done with the slot's last batch).
+      mbarrier_wait(bars + 2 * q + 1, static_cast<unsigned>(i / R) & 1u);
+      f_sync(team);  // every F warp of the team is done with the previous batch's exchange
       const float* const xs = xbuf + q * RB * LDX;
-      if constexpr (B_FEEDS) s.yc[0] = xs[lane * LDX + NI];
+      s.yc[0] = xs[lane * LDX + NI];
       float* const slot = hand + q * HW;
       float zc[MT][NB][4];
       base::forward(zc, xs, w0f, s, wh, lane, g, tg);
@@ -1733,32 +1706,23 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
         s.clear();
       }
       mbarrier_arrive(bars + 2 * q);  // the slot's words are written (and F is done with its x)
-      if constexpr (B_FEEDS) {
-        this->advance(s.c, nteams);
-      } else {
-        s.c = s.n;
-        s.yc[0] = s.yn[0];
-        this->advance(s.n, nteams);
-      }
+      this->advance(s.c, nteams);
     }
-    if constexpr (!B_FEEDS) asm volatile("cp.async.wait_all;" ::: "memory");
   }
 
   // B: each batch's backward MMAs from its F warp's handoff; the block's sums.
   __device__ void backward_warp(std::int64_t first, std::int64_t nteams, float* xbuf, float* w0f, const float* hand,
                                 std::uint64_t* bars, float* stage, int team, int wh, int lane, int g, int tg) const {
-    // c: the batch at hand; cn (where B feeds the ring): the one R batches on, which goes into the slot once c is
-    // done with it. The team's first R batches into the ring (the mbarriers' init seen first), then the W0^T
-    // fragments, split, by the first team's B warps (as the unpaired kernel's team 0).
+    // c: the batch at hand; cn: the one R batches on, which goes into the slot once c is done with it. The
+    // team's first R batches into the ring (the mbarriers' init seen first), then the W0^T fragments, split, by
+    // the first team's B warps (as the unpaired kernel's team 0).
     Cursor cn = this->cursor_at(first);
-    if constexpr (B_FEEDS) {
-      b_sync(team);
-      for (int q = 0; q < R; ++q) {
-        feed(cn, xbuf + q * RB * LDX, bars + 2 * q + 1, wh, lane);
-        this->advance(cn, nteams);
-      }
-      if (team == 0) this->split_w0(w0f, wh, lane, g, tg);
+    b_sync(team);
+    for (int q = 0; q < R; ++q) {
+      feed(cn, xbuf + q * RB * LDX, bars + 2 * q + 1, wh, lane);
+      this->advance(cn, nteams);
     }
+    if (team == 0) this->split_w0(w0f, wh, lane, g, tg);
     float w1r[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
@@ -1851,17 +1815,13 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
         }
         if (this->group > 1) this->combine_group(c.b, stage);
       }
-      if constexpr (B_FEEDS) {
-        // Done with the slot (every B warp of the team): batch i + R into it.
-        b_sync(team);
-        feed(cn, xs, bars + 2 * q + 1, wh, lane);
-        this->advance(cn, nteams);
-      } else {
-        mbarrier_arrive(bars + 2 * q + 1);  // done with the slot
-      }
+      // Done with the slot (every B warp of the team): batch i + R into it.
+      b_sync(team);
+      feed(cn, xs, bars + 2 * q + 1, wh, lane);
+      this->advance(cn, nteams);
       this->advance(c, nteams);
     }
-    if constexpr (B_FEEDS) asm volatile("cp.async.wait_all;" ::: "memory");
+    asm volatile("cp.async.wait_all;" ::: "memory");
   }
 
   // Barrier 0 for the whole CTA, reached from the two roles' own code: the non-.aligned form, which PTX allows
@@ -1954,7 +1914,7 @@ inline void launch_tensor_mma(const Kokkos::Cuda& space, const TensorProblem& p,
 // output, relu or identity (the mask-form backward) and its shared memory fitting, at every padded width. First
 // it paired at 32 and 256 units only, where it was faster on an H200 (ms per 100 steps, one GPU, unpaired ->
 // paired, docs/benchmarks.md, 2026-12-02 03:52-04:14 UTC): 1M x 32 10.14 -> 9.37, 1M x 256 68.37 -> 66.23;
-// not then at 64 (23.7 -> 25.3) or 128 (36.5 -> 36.7). Since B feeds the ring there (mma_pair_b_feeds) it is
+// not then at 64 (23.7 -> 25.3) or 128 (36.5 -> 36.7). Since B feeds the ring (TensorPairKernel::feed) it is
 // faster at those too, at every size measured (two rounds, same call): 1M x 64 18.83 -> 17.43, 262144 x 64
 // 7.96 -> 7.19, 2000 x 64 1.52 -> 1.34, 1M x 128 35.49 -> 33.26, 262144 x 128 14.51 -> 13.07, 2000 x 128 1.61
 // -> 1.47 (docs/benchmarks.md, 2026-12-02 17:21 UTC).
