@@ -20,3 +20,4 @@
 #include "dpmlp/callbacks.hpp"
 #include "dpmlp/csv.hpp"
 #include "dpmlp/eigen_interop.hpp"
+#include "dpmlp/npy.hpp"
