@@ -3,7 +3,7 @@
 # -P check_train_csv.cmake):
 #   - a CSV made here, y = 3 x1 - 2 x2 + noise (400 rows, noise uniform on [-0.5, 0.5), variance 1/12),
 #     trains to a test MSE near the noise level;
-#   - 100 + 100 steps through --checkpoint end with the same numbers as 200 steps in one go;
+#   - 150 + 150 steps through --checkpoint end with the same numbers as 300 steps in one go;
 #   - ragged, non-numeric, NaN, empty, header-only CSVs and a missing --target column are refused on every rank
 #     with the file and line number, exit code 2; so is --epochs 0;
 #   - mini-batches (--batch 64 --epochs 60) also reach the noise level, and 30 + 30 epochs through

@@ -6,6 +6,7 @@
 
 #include <dpmlp/callbacks.hpp>
 
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -124,6 +125,26 @@ TEST_CASE("EarlyStopping with an agreeing communicator stops at the same step", 
   const int agreeing_steps = b.train(500, agreeing).steps;
   CHECK(plain_steps == agreeing_steps);
   CHECK(plain_steps < 500);
+}
+
+// In training every rank sees the same loss, so the case above cannot tell whether the agreement does
+// anything. Here the losses differ by rank: rank 0's is flat, so alone it stops after step 3 (patience 2);
+// the others' falls, so alone they never stop. Agreeing, every rank stops after step 3. Every rank calls
+// end_step equally often (it is collective when agreeing): the agreed decision is the same everywhere.
+TEST_CASE("EarlyStopping's agreement stops every rank when one rank's rule says stop", "[callbacks][mpi]") {
+  const int rank = dpmlp_test::rank(), size = dpmlp_test::size();
+  dpmlp::EarlyStopping agreeing(2, 0.0, MPI_COMM_WORLD), alone(2, 0.0);
+  const dpmlp::TrainInfo info{6, 0, rank, size};
+  agreeing.begin_training(info);
+  alone.begin_training(info);
+  std::int64_t agreed_at = 0, alone_at = 0;
+  for (int step = 1; step <= 6; ++step) {
+    const dpmlp::StepInfo si{step, step, rank == 0 ? 1.0 : 1.0 / step, 0.0};
+    if (agreed_at == 0 && agreeing.end_step(si)) agreed_at = step;
+    if (alone_at == 0 && alone.end_step(si)) alone_at = step;
+  }
+  CHECK(dpmlp_test::all(agreed_at == 3 && agreeing.stopped_step() == 3));
+  CHECK(alone_at == (rank == 0 ? 3 : 0));
 }
 
 TEST_CASE("custom callbacks with only some hooks compile and are called", "[callbacks][mpi]") {

@@ -277,15 +277,45 @@ TEST_CASE("default_communicator_t works on the default execution space", "[comm]
   check_allgather<float>(comm, Kokkos::DefaultExecutionSpace(), 7);
 }
 
+namespace {
+// Counts the communicators freed that carry the attribute below (MPI calls an attribute's delete function when
+// a communicator that has it is freed; MPI_COMM_DUP_FN copies it into every duplicate).
+int freed_with_attribute = 0;
+int count_free(MPI_Comm, int, void*, void*) {
+  ++freed_with_attribute;
+  return MPI_SUCCESS;
+}
+}  // namespace
+
 TEST_CASE("MpiCommunicator frees its duplicate at destruction", "[comm][mpi]") {
-  // MPI implementations have a few thousand communicator context ids (MPICH: 2048 by default), so a
-  // communicator that leaked its duplicate would exhaust them here; and a double free would crash.
+  // A base communicator whose duplicates carry a counting attribute: each MpiCommunicator built from it
+  // duplicates it once, so destroying n of them must call the delete function exactly n times (a leak
+  // calls it fewer times, a double free crashes or calls it more). Counting, because Open MPI's context ids
+  // (tens of thousands) would outlast a leak of a few thousand communicators.
+  int key = MPI_KEYVAL_INVALID;
+  REQUIRE(MPI_Comm_create_keyval(MPI_COMM_DUP_FN, count_free, &key, nullptr) == MPI_SUCCESS);
+  MPI_Comm base = MPI_COMM_NULL;
+  REQUIRE(MPI_Comm_dup(MPI_COMM_WORLD, &base) == MPI_SUCCESS);
+  static int marker = 0;
+  REQUIRE(MPI_Comm_set_attr(base, key, &marker) == MPI_SUCCESS);
+  const int n = 2100;
+  freed_with_attribute = 0;
   bool all_fine = true;
-  for (int i = 0; i < 2100; ++i) {
-    dpmlp::MpiCommunicator comm(MPI_COMM_WORLD);
-    all_fine = all_fine && comm.mpi_comm() != MPI_COMM_NULL && comm.mpi_comm() != MPI_COMM_WORLD;
+  for (int i = 0; i < n; ++i) {
+    dpmlp::MpiCommunicator comm(base);
+    all_fine = all_fine && comm.mpi_comm() != MPI_COMM_NULL && comm.mpi_comm() != base;
   }
   CHECK(all_fine);
+  CHECK(freed_with_attribute == n);
+  {  // moved, not copied: still one free a duplicate
+    dpmlp::MpiCommunicator a(base);
+    dpmlp::MpiCommunicator b(std::move(a));
+    CHECK(b.mpi_comm() != MPI_COMM_NULL);
+  }
+  CHECK(freed_with_attribute == n + 1);
+  MPI_Comm_free(&base);
+  CHECK(freed_with_attribute == n + 2);
+  MPI_Comm_free_keyval(&key);
   // Still healthy afterwards.
   int one = 1, sum = 0;
   MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

@@ -136,7 +136,8 @@ TEST_CASE("a NaN in one rank's shard of x is refused on every rank, naming the g
   Trainer<> trainer(MPI_COMM_WORLD, model, kRows, dpmlp::Sgd(0.05), small_blocks());
   const dpmlp::Shard s = trainer.shard();
   Data d = make_data(s);
-  // Rows 255 and 256 belong to the last rank at every rank count here (17 blocks of 16: it holds block 16).
+  // Rows 255 and 256 belong to the last rank at every rank count here (17 blocks of 16: they are in blocks 15
+  // and 16, both the last rank's at 1, 2 and 3 ranks).
   poke(d.x, s, 255, 4, std::numeric_limits<float>::quiet_NaN());
   poke(d.x, s, 256, 1, std::numeric_limits<float>::quiet_NaN());  // later: the first one is reported
   check_thrown_everywhere(
@@ -244,7 +245,7 @@ TEST_CASE("zero rows, fewer rows than ranks and bad block sizes are refused on e
 }
 
 TEST_CASE("as many rows as ranks trains, with empty shards on all ranks but the first", "[mpi][faults]") {
-  // The default block (256 rows) puts all `size` rows in block 0, on rank 0; the other ranks hold nothing
+  // The default block (64 rows at the least) puts all `size` rows in block 0, on rank 0; the other ranks hold nothing
   // and must still take part in every step.
   const int size = dpmlp_test::size();
   auto model = make_model();

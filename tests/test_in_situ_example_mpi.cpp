@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The in-situ example of docs/in-situ.md, compiled and run at 1, 2 and 3 ranks: a "simulation" that owns
-// its rows of a global grid in device Views, trains a surrogate on them every step (no copy), and evaluates
-// the surrogate from its own kernel. The surrogate's error must drop. The code between the markers is the
+// The in-situ example of docs/in-situ.md, compiled and run at 1, 2 and 3 ranks (1 and 2 on GPU builds:
+// tests/CMakeLists.txt): a "simulation" that owns its rows of a global grid in device Views, trains a
+// surrogate on them every step (no copy), and evaluates the surrogate from its own kernel. The surrogate's error must drop. The code between the markers is the
 // code the guide quotes; the last test case checks that the two copies agree.
 #include <catch2/catch.hpp>
 

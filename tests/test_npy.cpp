@@ -248,8 +248,8 @@ TEST_CASE("npy: headers numpy may write are read: versions 2.0 and 3.0, other ke
     CHECK(a.data[0] == 1.0f);
     CHECK(a.data[1] == -3.0f);
   }
-  // A Fortran-ordered 1-D array is also C-ordered, but numpy writes fortran_order False for it anyway;
-  // a header saying True is refused whatever the rank (the reader does not transpose).
+  // (A Fortran-ordered 1-D array is also C-ordered, but numpy writes fortran_order False for it anyway; a
+  // header saying True is refused whatever the rank: the malformed files' case below.)
 }
 
 TEST_CASE("npy: malformed files are refused with the file name and what is wrong", "[npy]") {
@@ -264,6 +264,8 @@ TEST_CASE("npy: malformed files are refused with the file name and what is wrong
   };
   const std::vector<Case> cases = {
       {"fortran.npy", make_npy("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", raw), "Fortran order"},
+      // 1-D: the same bytes either way, but a header saying Fortran order is refused whatever the rank.
+      {"fortran1d.npy", make_npy("{'descr': '<f4', 'fortran_order': True, 'shape': (6,), }", raw), "Fortran order"},
       {"f8.npy", make_npy("{'descr': '<f8', 'fortran_order': False, 'shape': (3,), }", raw), "dtype '<f8', expected '<f4'"},
       {"big.npy", make_npy("{'descr': '>f4', 'fortran_order': False, 'shape': (2, 3), }", raw), "dtype '>f4'"},
       {"magic.npy", "\x93NUMPX" + make_npy(good_dict, raw).substr(6), "bad magic"},

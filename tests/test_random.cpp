@@ -12,10 +12,12 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dpmlp/random.hpp"
 #include "json_lite.hpp"
+#include "check_util.hpp"
 
 #ifndef DPMLP_REFERENCE_DIR
 #error "DPMLP_REFERENCE_DIR must name the reference data folder (a string literal)"
@@ -75,7 +77,7 @@ struct Deviation {
   std::size_t differing = 0;  // elements that are not bit-identical
   std::size_t count = 0;
   void add(float got, float want) {
-    max_abs = std::max(max_abs, std::fabs(static_cast<double>(got) - static_cast<double>(want)));
+    max_abs = dpmlp_test::nan_max(max_abs, std::fabs(static_cast<double>(got) - static_cast<double>(want)));
     const std::int64_t u = ulp_distance(got, want);
     max_ulp = std::max(max_ulp, u);
     differing += (u != 0);
@@ -174,7 +176,6 @@ TEST_CASE("split, fold_in and bits match JAX exactly", "[random]") {
       REQUIRE(got.size() == want.size());
       for (std::size_t i = 0; i < got.size(); ++i) {
         CHECK(got[i] == key_from_json(want[i]));
-        CHECK(rnd::split(key, static_cast<std::uint64_t>(i)) == got[i]);
       }
     }
 
@@ -222,9 +223,11 @@ TEST_CASE("uniform and normal match JAX within 2 ulp", "[random]") {
 TEST_CASE("uniform with bounds follows lax.max(minval, floats * (maxval - minval) + minval)", "[random]") {
   const Key key = rnd::PRNGKey(42);
   for (std::uint64_t i = 0; i < 1000; ++i) {
-    const float u01 = rnd::uniform(key, i);
     const float u = rnd::uniform(key, i, -3.0f, 5.0f);
-    CHECK(u == std::max(-3.0f, u01 * 8.0f + -3.0f));  // exact: floats has 23 bits, times 8 is exact
+    // From the raw bits, independently of uniform()'s float steps: floats = top 23 bits / 2^23 (exact), and
+    // -3 + 8 floats is exact in float32 too (a multiple of 2^-20 of magnitude below 5: 23 significant bits).
+    const double floats = double(rnd::bits(key, i) >> 9) / 8388608.0;
+    CHECK(u == float(-3.0 + 8.0 * floats));
     CHECK(u >= -3.0f);
     CHECK(u < 5.0f);
   }
@@ -274,7 +277,7 @@ TEST_CASE("seed draw: normal(split(PRNGKey(0))) matches seed_raw.f32 and seed_y.
 
 TEST_CASE("seed draw on the default execution space matches seed_raw.f32", "[random][seed]") {
   // In a CUDA build this runs the device code path (sqrt.approx.f32, __fmul_rn/__fadd_rn, CUDA's log1pf),
-  // which reproduced the H200-generated reference bit for bit when checked by hand.
+  // which must reproduce the H200-generated reference bit for bit (checked below).
   const Key k1 = rnd::split(rnd::PRNGKey(0), std::uint64_t(0));
   const std::vector<float> raw = read_f32("seed_raw.f32");
   Kokkos::View<float*> out("seed draw (default space)", raw.size());
@@ -286,6 +289,11 @@ TEST_CASE("seed draw on the default execution space matches seed_raw.f32", "[ran
   for (std::size_t i = 0; i < raw.size(); ++i) dev.add(host(i), raw[i]);
   WARN("seed_raw.f32 vs normal() on " << Kokkos::DefaultExecutionSpace::name() << ": " << dev.str());
   CHECK(dev.max_abs <= 1e-6);
+#if defined(KOKKOS_ENABLE_CUDA)
+  // The reference was drawn by JAX on an H200: CUDA's path gives its bits exactly. Host code need not (JAX's
+  // own CPU draws differ from its GPU's by up to 7.2e-7), hence only the tolerance above there.
+  if (std::is_same<Kokkos::DefaultExecutionSpace, Kokkos::Cuda>::value) CHECK(dev.differing == 0);
+#endif
 }
 
 TEST_CASE("init_params: w1, w2 match seed_reference.json", "[random][seed]") {

@@ -10,6 +10,8 @@
 #include <fstream>
 #include <vector>
 
+#include "check_util.hpp"
+
 namespace {
 
 using Space = Kokkos::DefaultExecutionSpace;
@@ -75,7 +77,7 @@ TEST_CASE("the Standardizer reproduces the seed's checksum and features", "[stan
   double worst = 0;
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < 2 * cols; ++c)
-      worst = std::max(worst, std::fabs(double(ho(r, c)) - double(float(expect[std::size_t(r) * 2 * cols + c]))));
+      worst = dpmlp_test::nan_max(worst, std::fabs(double(ho(r, c)) - double(float(expect[std::size_t(r) * 2 * cols + c]))));
   CHECK(worst == 0.0);  // the same doubles, rounded once to float
 }
 
@@ -114,6 +116,34 @@ TEST_CASE("column mode fits on one set and applies to another", "[standardizer]"
     CHECK(std::fabs(mean) < 1e-6);
     CHECK(std::sqrt(sq / rows) == Approx(1.0).epsilon(1e-5));
   }
+  // The fitted statistics are x's (population standard deviation), computed here independently.
+  std::vector<double> mu(cols, 0.0), sd(cols, 0.0);
+  for (int c = 0; c < cols; ++c) {
+    for (int r = 0; r < rows; ++r) mu[c] += hx(r, c);
+    mu[c] /= rows;
+    for (int r = 0; r < rows; ++r) sd[c] += (hx(r, c) - mu[c]) * (hx(r, c) - mu[c]);
+    sd[c] = std::sqrt(sd[c] / rows);
+    CHECK(s.column_mean()[c] == Approx(mu[c]).epsilon(1e-12));
+    CHECK(s.column_scale()[c] == Approx(sd[c]).epsilon(1e-12));
+  }
+  // Applied to another set (x shifted and scaled), with x's statistics, not the other set's own: the result
+  // is not standardized (its column means are 100 / sd, not 0).
+  Kokkos::View<double**, Kokkos::LayoutRight, Memory> x2("x2", rows, cols);
+  auto hx2 = Kokkos::create_mirror_view(x2);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < cols; ++c) hx2(r, c) = 2.0 * hx(r, c) + 100.0;
+  Kokkos::deep_copy(x2, hx2);
+  Kokkos::View<float**, Kokkos::LayoutRight, Memory> out2("out2", rows, cols);
+  s.transform_columns(Space(), x2, out2);
+  auto ho2 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), out2);
+  double worst = 0;
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < cols; ++c) {
+      const double want = (hx2(r, c) - mu[c]) / sd[c];
+      worst = dpmlp_test::nan_max(worst, std::fabs(double(ho2(r, c)) - want) / (1.0 + std::fabs(want)));
+    }
+  }
+  CHECK(worst < 1e-6);
   Kokkos::View<float**, Kokkos::LayoutRight, Memory> wrong("wrong", rows, cols + 1);
   CHECK_THROWS_AS(s.transform_columns(Space(), wrong, wrong), dpmlp::InputError);
 }

@@ -7,6 +7,8 @@
 
 #include <vector>
 
+#include "check_util.hpp"
+
 namespace dpmlp_test {
 
 using Space = Kokkos::DefaultExecutionSpace;
@@ -73,7 +75,7 @@ inline std::vector<dpmlp::Engine> fused_engines(const std::vector<int>& widths) 
 inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double worst = a.size() == b.size() ? 0.0 : 1e300;
   for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    worst = std::max(worst, static_cast<double>(std::fabs(a[i] - b[i])));
+    worst = dpmlp_test::nan_max(worst, static_cast<double>(std::fabs(a[i] - b[i])));
   }
   return worst;
 }
