@@ -877,6 +877,24 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
     }
   }
 
+  // The same fragments, (wh, mt, kt) number part, part + parts, ... of WH * MT * KT: a share for each of `parts`
+  // warps (the paired kernel's B warps), the same values into the same places.
+  __device__ void split_w0_share(float* w0f, int part, int parts, int lane, int g, int tg) const {
+#pragma unroll 1
+    for (int f = part; f < WH * MT * KT; f += parts) {
+      const int wh = f / (MT * KT), mt = (f / KT) % MT, kt = f % KT;
+      std::uint32_t hi[4], lo[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = kt * 8 + tg + 4 * (e / 2), j = wh * 32 + mt * 16 + g + 8 * (e % 2);
+        split((i < n_in && j < H) ? params[w0off + i * H + j] : 0.0f, hi[e], lo[e]);
+      }
+      uint4* const dst = reinterpret_cast<uint4*>(w0f) + ((wh * MT + mt) * KT + kt) * 64 + lane;
+      dst[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+      dst[32] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    }
+  }
+
   // b0 and W1 for the hidden units this thread holds (j = wh*32 + mt*16 + hb*8 + g), b1, zero-padded; the sums
   // cleared.
   __device__ void load_unit_params(Step& s, int wh, int g) const {
@@ -1486,6 +1504,7 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
   using base::WH;
   using base::WR;
   static constexpr int TP = 512, R = mma_pair_slots, HW = mma_pair_words(HP);
+  static_assert(WR * WH * 64 == TP, "a CTA is WR teams of WH pairs (an F and a B warp)");
   static constexpr bool WORDS = mma_pair_mask_words(HP);
   static_assert(LDX > NI, "B's copies put a batch's targets in the x rows' padding column NI");
   // Handoff slot offsets, in words: each row's delta, the mask, F's finished sums.
@@ -1525,8 +1544,8 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
     float* const stage = w0f + HP * NI * 2 + 8 * R * HW + 8 * RB;
 
     // The team's mbarriers, by its first B warp: `full` counts the F lanes' arrivals (the handoff written),
-    // `x in` the B lanes' copies landing (cp.async.mbarrier.arrive). (The W0^T fragments are split by the first
-    // team's B warps after their first copies: backward_warp.)
+    // `x in` the B lanes' copies landing (cp.async.mbarrier.arrive). (The W0^T fragments are split by every
+    // B warp, a share each, after its first copies: backward_warp.)
     if (!fwd && wh == 0 && lane == 0) {
       for (int q = 0; q < R; ++q) {
         mbarrier_init(bars + 2 * q, WH * 32);
@@ -1714,15 +1733,19 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
   __device__ void backward_warp(std::int64_t first, std::int64_t nteams, float* xbuf, float* w0f, const float* hand,
                                 std::uint64_t* bars, float* stage, int team, int wh, int lane, int g, int tg) const {
     // c: the batch at hand; cn: the one R batches on, which goes into the slot once c is done with it. The
-    // team's first R batches into the ring (the mbarriers' init seen first), then the W0^T fragments, split, by
-    // the first team's B warps (as the unpaired kernel's team 0).
+    // team's first R batches into the ring (the mbarriers' init seen first), then this warp's share of the W0^T
+    // fragments, split.
     Cursor cn = this->cursor_at(first);
     b_sync(team);
     for (int q = 0; q < R; ++q) {
       feed(cn, xbuf + q * RB * LDX, bars + 2 * q + 1, wh, lane);
       this->advance(cn, nteams);
     }
-    if (team == 0) this->split_w0(w0f, wh, lane, g, tg);
+    // The W0^T fragments, split, by every B warp of the CTA, a share each. Done by the first team's B warps
+    // alone (as the unpaired kernel's team 0 does), one warp split all 8 fragments at 32 units (8 teams of one
+    // pair) while the other seven waited at the CTA barrier below: the graph step at 10000 x 32 16.39 -> 14.72
+    // us, 20000 x 32 1.876 -> 1.741 ms per 100 steps on one H200 (docs/benchmarks.md, 2026-12-03).
+    this->split_w0_share(w0f, team * WH + wh, WR * WH, lane, g, tg);
     float w1r[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
