@@ -858,40 +858,34 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
   };
 
   // W0^T, zero-padded, as split A fragments into shared memory, [wh][mt][kt][hi, lo][lane][4] (a lane reads its
-  // four with one 16-byte load): the units of warp wh of a team.
+  // four with one 16-byte load): fragment (wh, mt, kt), of the units of warp wh of a team.
+  __device__ void split_w0_fragment(float* w0f, int wh, int mt, int kt, int lane, int g, int tg) const {
+    std::uint32_t hi[4], lo[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int i = kt * 8 + tg + 4 * (e / 2), j = wh * 32 + mt * 16 + g + 8 * (e % 2);
+      split((i < n_in && j < H) ? params[w0off + i * H + j] : 0.0f, hi[e], lo[e]);
+    }
+    uint4* const dst = reinterpret_cast<uint4*>(w0f) + ((wh * MT + mt) * KT + kt) * 64 + lane;
+    dst[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    dst[32] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  }
+
+  // Every fragment of warp wh's units.
   __device__ void split_w0(float* w0f, int wh, int lane, int g, int tg) const {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-      for (int kt = 0; kt < KT; ++kt) {
-        std::uint32_t hi[4], lo[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = kt * 8 + tg + 4 * (e / 2), j = wh * 32 + mt * 16 + g + 8 * (e % 2);
-          split((i < n_in && j < H) ? params[w0off + i * H + j] : 0.0f, hi[e], lo[e]);
-        }
-        uint4* const dst = reinterpret_cast<uint4*>(w0f) + ((wh * MT + mt) * KT + kt) * 64 + lane;
-        dst[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-        dst[32] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-      }
+      for (int kt = 0; kt < KT; ++kt) split_w0_fragment(w0f, wh, mt, kt, lane, g, tg);
     }
   }
 
-  // The same fragments, (wh, mt, kt) number part, part + parts, ... of WH * MT * KT: a share for each of `parts`
-  // warps (the paired kernel's B warps), the same values into the same places.
+  // The fragments (wh, mt, kt) numbered part, part + parts, ... of WH * MT * KT: a share for each of `parts`
+  // warps (the paired kernel's B warps).
   __device__ void split_w0_share(float* w0f, int part, int parts, int lane, int g, int tg) const {
 #pragma unroll 1
     for (int f = part; f < WH * MT * KT; f += parts) {
-      const int wh = f / (MT * KT), mt = (f / KT) % MT, kt = f % KT;
-      std::uint32_t hi[4], lo[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = kt * 8 + tg + 4 * (e / 2), j = wh * 32 + mt * 16 + g + 8 * (e % 2);
-        split((i < n_in && j < H) ? params[w0off + i * H + j] : 0.0f, hi[e], lo[e]);
-      }
-      uint4* const dst = reinterpret_cast<uint4*>(w0f) + ((wh * MT + mt) * KT + kt) * 64 + lane;
-      dst[0] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-      dst[32] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+      split_w0_fragment(w0f, f / (MT * KT), (f / KT) % MT, f % KT, lane, g, tg);
     }
   }
 
