@@ -4,10 +4,11 @@
 //   mpirun -np <ranks> train_bench [--rows N] [--hidden H] [--steps S] [--repeats R] [--warmup S]
 //                                  [--comm nccl|mpi] [--reduction reproducible|fast] [--block-rows B]
 //                                  [--engine automatic|fused|tensor|layered] [--no-check] [--graph]
-//                                  [--allow-cpu-devices] [--breakdown] [--peer]
+//                                  [--tensor-kernel automatic|warp-matrix|register-resident|register-resident-paired]
+//                                  [--leaf-groups automatic|off|on] [--allow-cpu-devices] [--breakdown] [--peer]
 //
 // --peer: TrainerOptions::peer_exchange (2 or more ranks on CUDA: the subtree sums written straight into the
-// other GPUs' memory, one kernel with the tree, the combine and the update; backend/cuda_peer.hpp).
+// other GPUs' memory, one kernel with the tree, the combine and the update; backend/cuda/peer.hpp).
 //
 // --breakdown: instead, where a step's time goes on this rank count, one JSON line: microseconds per call
 // of the block engine, the local tree reduction, the whole reduction (local + collective + combine), the
@@ -43,6 +44,8 @@ struct Options {
   std::string comm = dpmlp::default_communicator_t<ExecSpace>::name();
   std::string reduction = "reproducible";
   dpmlp::Engine engine = dpmlp::Engine::automatic;
+  dpmlp::TensorKernel tensor_kernel = dpmlp::TensorKernel::automatic;
+  dpmlp::Toggle leaf_groups = dpmlp::Toggle::automatic;
   bool check = true, allow_cpu = false, graph = false, breakdown = false, peer = false;
 };
 
@@ -62,6 +65,8 @@ Options parse(int argc, char* argv[]) {
     else if (a == "--comm") o.comm = args.value(i);
     else if (a == "--reduction") o.reduction = args.value(i);
     else if (a == "--engine") o.engine = dpmlp::engine_from_name(args.value(i));
+    else if (a == "--tensor-kernel") o.tensor_kernel = dpmlp::tensor_kernel_from_name(args.value(i));
+    else if (a == "--leaf-groups") o.leaf_groups = dpmlp::toggle_from_name(args.value(i));
     else if (a == "--no-check") o.check = false;
     else if (a == "--breakdown") o.breakdown = true;
     else if (a == "--graph") o.graph = true;
@@ -83,6 +88,7 @@ struct Timing {
   std::vector<float> params;
   double prep_ms = 0;
   dpmlp::Engine engine = dpmlp::Engine::layered;
+  dpmlp::Kernel kernel = dpmlp::Kernel::layered;
   int leaf_group = 1;  // blocks a leaf of the block tree
 };
 
@@ -92,6 +98,8 @@ dpmlp::TrainerOptions trainer_options(const Options& o) {
   topt.block_rows = o.block_rows;
   topt.cuda_graph = o.graph;
   topt.engine = o.engine;
+  topt.tensor_kernel = o.tensor_kernel;
+  topt.leaf_groups = o.leaf_groups;
   topt.peer_exchange = o.peer;
   return topt;
 }
@@ -111,6 +119,7 @@ Timing time_runs(MPI_Comm comm, const Options& o, int repeats, int warmup) {
   const auto data = seed::make(space, first.shard(), o.cols);
   t.prep_ms = data.prep_ms;
   t.engine = first.engine();
+  t.kernel = first.engine_plan().kernel;
   t.leaf_group = first.leaf_group();
   first.set_data(data.x, data.y);
   if (warmup > 0) first.train(warmup);
@@ -167,10 +176,10 @@ int bench(const Options& o) {
   if (rank == 0) {
     std::printf("{\"bench\": \"dpmlp_train\", \"rows\": %lld, \"hidden\": %d, \"features\": %d, \"steps\": %d, "
                 "\"ranks\": %d, \"devices\": %d, \"platform\": \"%s\", \"space\": \"%s\", \"comm\": \"%s\", "
-                "\"reduction\": \"%s\", \"engine\": \"%s\", \"gemm\": \"%s\", \"graph\": %s, \"peer\": %s, \"leaf_group\": %d, \"repeats\": %d, \"warmup_steps\": %d, \"times_ms\": [",
+                "\"reduction\": \"%s\", \"engine\": \"%s\", \"kernel\": \"%s\", \"gemm\": \"%s\", \"graph\": %s, \"peer\": %s, \"leaf_group\": %d, \"repeats\": %d, \"warmup_steps\": %d, \"times_ms\": [",
                 static_cast<long long>(o.rows), o.hidden, dpmlp::Standardizer::features(o.cols), o.steps, size,
                 devices, dpmlp::platform_name<ExecSpace>(), ExecSpace::name(), Comm::name(), o.reduction.c_str(),
-                dpmlp::engine_name(multi.engine),
+                dpmlp::engine_name(multi.engine), dpmlp::kernel_name(multi.kernel),
                 multi.engine != dpmlp::Engine::layered ? "none" : dpmlp::linalg::backend_name(dpmlp::linalg::default_backend<ExecSpace>(o.reduction == "reproducible")),
                 o.graph ? "true" : "false", o.peer ? "true" : "false", multi.leaf_group, o.repeats, o.warmup);
     for (std::size_t i = 0; i < multi.ms.size(); ++i) std::printf("%s%.3f", i ? ", " : "", multi.ms[i]);
@@ -201,9 +210,7 @@ int breakdown(const Options& o) {
   const auto data = seed::make(space, trainer.shard(), o.cols);
   trainer.set_data(data.x, data.y);
   // The trainer's engine, kernel included (the tensor engine picks its kernel from the global block count).
-  dpmlp::detail::BlockEngine<ExecSpace, float> engine(
-      model, trainer.shard().rows(), trainer.block_rows(), trainer.gemm_backend(), trainer.engine(),
-      trainer.global_blocks(), trainer.leaf_group());
+  dpmlp::detail::BlockEngine<ExecSpace, float> engine(model, trainer.shard().rows(), trainer.engine_plan());
   dpmlp::BlockTreeReducer<ExecSpace, float> reducer(trainer.plan(), engine.width(), topt.reduction);
   const int n = std::max(o.steps, 20);
   auto per_call_us = [&](auto&& f) {
@@ -223,7 +230,7 @@ int breakdown(const Options& o) {
   // The peer exchange's one kernel (tree, exchange, combine; no update), where --peer asks for it.
   double peer_us = -1;
   if (o.peer && size > 1) {
-    const auto peer = dpmlp::backend::make_peer_exchange(comm, reducer);
+    const auto peer = dpmlp::backend::make_peer_exchange(comm, reducer, topt.peer_timeout_s);
     if (peer) {
       peer_us = per_call_us([&] {
         dpmlp::backend::reduce_apply_peer(space, reducer, engine.partials(), *peer,

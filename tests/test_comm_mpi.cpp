@@ -16,7 +16,7 @@
 #include <utility>
 
 #include <dpmlp/comm/mpi.hpp>
-#include <dpmlp/comm/nccl.hpp>
+#include <dpmlp/comm/communicator.hpp>
 #include <dpmlp/devices.hpp>
 #include <dpmlp/errors.hpp>
 #include <dpmlp/kokkos_compat.hpp>

@@ -24,7 +24,11 @@ TEST_CASE("an evaluator inside a user kernel matches the forward pass", "[evalua
       Kokkos::View<float*, Memory, Kokkos::MemoryTraits<Kokkos::Unmanaged>> xf(x.data(), rows * in);
       dpmlp::random::normal(Space(), dpmlp::random::PRNGKey(9), xf, 0);
       // The library's forward pass (the training engine's), as the reference.
-      dpmlp::detail::BlockEngine<Space, float> engine(model, rows, 64, dpmlp::linalg::default_backend<Space>(true));
+      dpmlp::EngineOptions layered;
+      layered.engine = dpmlp::Engine::layered;
+      layered.block_rows = 64;
+      using Engine = dpmlp::detail::BlockEngine<Space, float>;
+      Engine engine(model, rows, Engine::plan(model, layered, true, rows, 1));
       engine.forward(Space(), x);
       // The user's kernel.
       const auto eval = model.evaluator();

@@ -12,7 +12,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "json_lite.hpp"
@@ -80,8 +82,8 @@ struct Problem {
 
 namespace {
 
-// value_and_grad with `engine` against the fp64 reference, on random data; CHECKs inside.
-void check_against_reference(const Problem& pr, std::int64_t block, dpmlp::Engine engine, std::mt19937& gen) {
+// value_and_grad with `options` against the fp64 reference, on random data; CHECKs inside.
+void check_against_reference(const Problem& pr, const dpmlp::EngineOptions& options, std::mt19937& gen) {
   std::normal_distribution<double> normal;
   dpmlp::Mlp<float, Memory> model(pr.widths, pr.act);
   model.init_jax(dpmlp::random::PRNGKey(3), 0.5f);
@@ -99,7 +101,7 @@ void check_against_reference(const Problem& pr, std::int64_t block, dpmlp::Engin
   Kokkos::deep_copy(xv, hx);
   Kokkos::deep_copy(yv, hy);
   Kokkos::View<float*, Memory> grad("grad", model.num_params());
-  const float loss = dpmlp::value_and_grad(Space(), model, xv, yv, grad, block, engine);
+  const float loss = dpmlp::value_and_grad(Space(), model, xv, yv, grad, options);
   const auto p = host_vector(model.params());
   std::vector<double> gref;
   const double lref = reference_value_and_grad(pr.widths, pr.act, p, x, y, gref);
@@ -110,10 +112,53 @@ void check_against_reference(const Problem& pr, std::int64_t block, dpmlp::Engin
     den += gref[i] * gref[i];
   }
   INFO("widths " << pr.widths.size() << " layers (" << pr.widths.front() << " -> ... -> " << pr.widths.back()
-                 << "), act " << dpmlp::activation_name(pr.act) << ", rows " << pr.rows << ", block " << block
-                 << ", engine " << dpmlp::engine_name(engine));
+                 << "), act " << dpmlp::activation_name(pr.act) << ", rows " << pr.rows << ", block "
+                 << options.block_rows << ", engine " << dpmlp::engine_name(options.engine) << ", tensor kernel "
+                 << dpmlp::tensor_kernel_name(options.tensor_kernel));
   CHECK(std::fabs(loss - lref) <= 1e-5 * std::max(1.0, lref));
   CHECK(std::sqrt(num / den) < 1e-5);
+}
+
+void check_against_reference(const Problem& pr, std::int64_t block, dpmlp::Engine engine, std::mt19937& gen) {
+  dpmlp::EngineOptions options;
+  options.block_rows = block;
+  options.engine = engine;
+  check_against_reference(pr, options, gen);
+}
+
+using BlockEngine = dpmlp::detail::BlockEngine<Space, float>;
+
+// The reason this space cannot run the tensor engine for `model`, or "".
+std::string tensor_unsupported(const dpmlp::Mlp<float, Memory>& model) {
+  return dpmlp::detail::tensor_unsupported(dpmlp::model_shape(model), BlockEngine::caps(model));
+}
+
+// The plan for `model` over `rows` rows of `block` rows each on one rank, or nullopt where the options cannot
+// run here.
+std::optional<dpmlp::EnginePlan> plan_or_none(const dpmlp::Mlp<float, Memory>& model, std::int64_t rows,
+                                              dpmlp::EngineOptions o) {
+  try {
+    return BlockEngine::plan(model, o, true, rows, 1);
+  } catch (const dpmlp::InputError&) {
+    return std::nullopt;
+  }
+}
+
+// Random x (rows x inputs) and y (rows x outputs) on the device.
+void device_normal_data(std::int64_t rows, int in, int out, std::mt19937& gen,
+                 Kokkos::View<float**, Kokkos::LayoutRight, Memory>& x,
+                 Kokkos::View<float**, Kokkos::LayoutRight, Memory>& y) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  x = Kokkos::View<float**, Kokkos::LayoutRight, Memory>("x", rows, in);
+  y = Kokkos::View<float**, Kokkos::LayoutRight, Memory>("y", rows, out);
+  auto hx = Kokkos::create_mirror_view(x);
+  auto hy = Kokkos::create_mirror_view(y);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (int i = 0; i < in; ++i) hx(r, i) = nd(gen);
+    for (int o = 0; o < out; ++o) hy(r, o) = nd(gen);
+  }
+  Kokkos::deep_copy(x, hx);
+  Kokkos::deep_copy(y, hy);
 }
 
 }  // namespace
@@ -132,7 +177,7 @@ TEST_CASE("value_and_grad matches an fp64 Eigen reference, depth 1-3", "[mlp]") 
   }
 }
 
-// The fused one-hidden-layer kernel (detail/fused_one_hidden.hpp) runs here with teams of one thread
+// The fused one-hidden-layer kernel (engine/fused_simt.hpp) runs here with teams of one thread
 // looping over its 256 logical threads: the same code and the same summation shapes as on a GPU. The
 // shapes cover both input tiers (32, 64), every hidden padding (32 .. 256, both chunk sizes), 1-4 outputs,
 // blocks shorter and longer than a chunk and not a multiple of it, and a short last block.
@@ -151,9 +196,9 @@ TEST_CASE("the fused engine matches the fp64 reference", "[mlp][fused]") {
   }
 }
 
-// The tensor engine (backend/cuda_tensor_core.hpp, 3xTF32 on tensor cores) on the same shapes, where
-// it runs (a CUDA space with compute capability >= 8.0: the hardware validation); elsewhere asking for it
-// must be refused with the reason.
+// The tensor engine (backend/cuda/, 3xTF32 on tensor cores) on the same shapes, by every one of its kernels that
+// runs the shape (a CUDA space with compute capability >= 8.0: the hardware validation); elsewhere asking for
+// it must be refused with the reason.
 TEST_CASE("the tensor engine matches the fp64 reference where it runs, and is refused elsewhere", "[mlp][tensor]") {
   const std::vector<Problem> problems = {
       {{32, 32, 1}, dpmlp::Activation::relu, 1000}, {{3, 5, 2}, dpmlp::Activation::tanh, 123},
@@ -161,16 +206,16 @@ TEST_CASE("the tensor engine matches the fp64 reference where it runs, and is re
       {{64, 200, 3}, dpmlp::Activation::tanh, 150},  {{1, 1, 1}, dpmlp::Activation::relu, 9},
       {{33, 64, 1}, dpmlp::Activation::relu, 260},   {{32, 256, 1}, dpmlp::Activation::relu, 3000},
       // 32 or fewer inputs at 128 and 256 padded hidden units, one and several outputs: the register-resident
-      // kernel's instantiations there, when it runs (DPMLP_TENSOR_KERNEL=mma in the hardware validation).
+      // kernel's instantiations there.
       {{20, 128, 1}, dpmlp::Activation::tanh, 700},  {{9, 150, 2}, dpmlp::Activation::relu, 500},
       {{32, 120, 3}, dpmlp::Activation::identity, 400},
       // One output with relu or identity: the register-resident kernel's mask form of the backward
-      // (TensorMmaKernel::masked_grad) at each hidden padding; tanh keeps the three-MMA form.
+      // (TensorMmaKernel::masked_grad) at each hidden padding, and its paired schedule; tanh keeps the
+      // three-MMA form.
       {{32, 64, 1}, dpmlp::Activation::identity, 400}, {{30, 128, 1}, dpmlp::Activation::relu, 600},
       {{12, 32, 1}, dpmlp::Activation::identity, 300}, {{32, 256, 1}, dpmlp::Activation::identity, 200},
   };
-  const std::string why =
-      dpmlp::detail::BlockEngine<Space, float>::tensor_unsupported(dpmlp::Mlp<float, Memory>({32, 32, 1}));
+  const std::string why = tensor_unsupported(dpmlp::Mlp<float, Memory>({32, 32, 1}));
   if (!why.empty()) {
     WARN("the tensor engine does not run here: " << why);
     Kokkos::View<float**, Kokkos::LayoutRight, Memory> x("x", 10, 32), y("y", 10, 1);
@@ -181,81 +226,55 @@ TEST_CASE("the tensor engine matches the fp64 reference where it runs, and is re
     return;
   }
   std::mt19937 gen(13);
+  int runs[4] = {0, 0, 0, 0};
   for (const auto& pr : problems) {
-    for (std::int64_t block : {std::int64_t(0), std::int64_t(16), std::int64_t(100), std::int64_t(1024)}) {
-      check_against_reference(pr, block, dpmlp::Engine::tensor, gen);
+    const dpmlp::Mlp<float, Memory> model(pr.widths, pr.act);
+    for (const auto kernel : {dpmlp::TensorKernel::automatic, dpmlp::TensorKernel::warp_matrix,
+                              dpmlp::TensorKernel::register_resident, dpmlp::TensorKernel::register_resident_paired}) {
+      for (std::int64_t block : {std::int64_t(0), std::int64_t(16), std::int64_t(100), std::int64_t(1024)}) {
+        dpmlp::EngineOptions o;
+        o.engine = dpmlp::Engine::tensor;
+        o.tensor_kernel = kernel;
+        o.block_rows = block;
+        if (!plan_or_none(model, pr.rows, o)) continue;  // this kernel does not take the shape
+        check_against_reference(pr, o, gen);
+        ++runs[static_cast<int>(kernel)];
+      }
     }
   }
+  // Every kernel ran some of the shapes.
+  for (int k = 0; k < 4; ++k) CHECK(runs[k] > 0);
 }
 
-// Which tensor kernel runs (backend::tensor_kernel_for), from global values only (so every rank count runs
-// the same one): for one output with relu or identity (the mask form, paired at every width) the register-
-// resident kernel at every block count (it was as fast or faster at 32-938 blocks on an H200, the seed's
-// shape included); for other models the warp-matrix kernel for fewer blocks than the register-resident one
-// fills (1024 at 32 hidden units) of fewer than 128 rows, the register-resident one from 1024 blocks or from
-// 128 rows a block (the warp-matrix kernel's time grows with the block: several times slower there).
-TEST_CASE("the tensor engine picks its kernel and the default block size from the model and the step's shape",
-          "[mlp][tensor]") {
-  using Engine = dpmlp::detail::BlockEngine<Space, float>;
+// The tensor kernel a step runs, as the engine plan chose it for this device (test_engine_plan_mpi checks the
+// rules themselves on any build).
+TEST_CASE("the tensor engine runs the kernel its plan names", "[mlp][tensor]") {
   const dpmlp::Mlp<float, Memory> relu1({32, 32, 1}, dpmlp::Activation::relu);
-  const dpmlp::Mlp<float, Memory> identity1({32, 32, 1}, dpmlp::Activation::identity);
   const dpmlp::Mlp<float, Memory> tanh1({32, 32, 1}, dpmlp::Activation::tanh);
-  const dpmlp::Mlp<float, Memory> relu4({32, 32, 4}, dpmlp::Activation::relu);
-  // The default block size: at most 2048 blocks where the register-resident kernel runs at every block count
-  // (whatever DPMLP_TENSOR_KERNEL says: every rank must take the same), else 4096.
-  CHECK(Engine::default_block_rows(relu1, dpmlp::Engine::layered, 1048576) == 256);
-  CHECK(Engine::default_block_rows(relu1, dpmlp::Engine::fused, 1048576) == 256);
-  CHECK(Engine::default_block_rows(tanh1, dpmlp::Engine::tensor, 1048576) == 256);
-  CHECK(Engine::default_block_rows(relu4, dpmlp::Engine::tensor, 1048576) == 256);
-  CHECK(Engine::default_block_rows(relu1, dpmlp::Engine::tensor, 20000) == 64);
-  const char* forced = std::getenv("DPMLP_TENSOR_KERNEL");
-  if (!Engine::tensor_unsupported(relu1).empty()) {
-    CHECK(Engine::tensor_kernel_for(relu1, dpmlp::Engine::tensor, 313, 128) == 0);  // none here
-    CHECK(Engine::default_block_rows(relu1, dpmlp::Engine::tensor, 1048576) == 256);  // (no tensor engine)
+  if (!tensor_unsupported(relu1).empty()) {
+    CHECK(BlockEngine::plan(relu1, {}, true, 20000, 1).engine != dpmlp::Engine::tensor);
     return;
   }
-  for (const auto* m : {&relu1, &identity1}) {
-    CHECK(Engine::default_block_rows(*m, dpmlp::Engine::tensor, 1048576) == 512);
+  const auto seed = BlockEngine::plan(relu1, {}, true, 20000, 1);
+  CHECK(seed.engine == dpmlp::Engine::tensor);
+  CHECK(seed.block_rows == 64);
+  if (seed.kernel != dpmlp::Kernel::tensor_register_resident_paired) {
+    WARN("the paired register-resident kernel does not run the seed's shape here (its shared memory): "
+         << seed.describe());
   }
-  CHECK(Engine::default_block_rows(dpmlp::Mlp<float, Memory>({33, 32, 1}), dpmlp::Engine::tensor, 1048576) == 256);
-  if (forced != nullptr && *forced != '\0') {
-    WARN("DPMLP_TENSOR_KERNEL=" << forced << " picks the kernel");
-    return;
-  }
-  constexpr int mma = 1, wmma = 2;
-  if (Engine::tensor_kernel_for(tanh1, dpmlp::Engine::tensor, 1 << 20) != mma ||
-      Engine::tensor_kernel_for(tanh1, dpmlp::Engine::tensor, 16) != wmma) {
-    WARN("one of the two tensor kernels does not run here (its shared memory)");
-    return;
-  }
-  for (const auto* m : {&relu1, &identity1}) {
-    CHECK(Engine::tensor_kernel_for(*m, dpmlp::Engine::tensor, 313, 64) == mma);  // the seed's shape
-    CHECK(Engine::tensor_kernel_for(*m, dpmlp::Engine::tensor, 16) == mma);
-    CHECK(Engine::tensor_kernel_for(*m, dpmlp::Engine::tensor, 1023, 127) == mma);
-    CHECK(Engine::tensor_kernel_for(*m, dpmlp::Engine::tensor, 1 << 20) == mma);
-  }
-  for (const auto* m : {&tanh1, &relu4}) {
-    CHECK(Engine::tensor_kernel_for(*m, dpmlp::Engine::tensor, 313, 64) == wmma);
-    CHECK(Engine::tensor_kernel_for(*m, dpmlp::Engine::tensor, 1023, 127) == wmma);
-    CHECK(Engine::tensor_kernel_for(*m, dpmlp::Engine::tensor, 313) == wmma);  // block size not known
-    CHECK(Engine::tensor_kernel_for(*m, dpmlp::Engine::tensor, 313, 128) == mma);
-    CHECK(Engine::tensor_kernel_for(*m, dpmlp::Engine::tensor, 3, 1024) == mma);
-    CHECK(Engine::tensor_kernel_for(*m, dpmlp::Engine::tensor, 1024, 64) == mma);
-  }
-  // The engine built for a step takes the same choice from its block size.
-  const auto gemm = dpmlp::linalg::default_backend<Space>(true);
-  CHECK(Engine(tanh1, 3000, 1024, gemm, dpmlp::Engine::tensor).tensor_kernel() == mma);
-  CHECK(Engine(tanh1, 3000, 64, gemm, dpmlp::Engine::tensor).tensor_kernel() == wmma);
-  CHECK(Engine(relu1, 3000, 64, gemm, dpmlp::Engine::tensor).tensor_kernel() == mma);
+  dpmlp::EngineOptions big;
+  big.block_rows = 1024;
+  CHECK(BlockEngine(tanh1, 3000, BlockEngine::plan(tanh1, big, true, 3000, 1)).engine_plan().register_resident());
+  CHECK(BlockEngine(tanh1, 3000, BlockEngine::plan(tanh1, {}, true, 3000, 1)).engine_plan().kernel ==
+        dpmlp::Kernel::tensor_warp_matrix);
 }
 
-// The register-resident tensor kernel, grouped (backend::mma_group): its CTA's teams take consecutive blocks
+// The register-resident tensor kernel, grouped (the plan's leaf groups): its CTA's teams take consecutive blocks
 // and sum each group of them in the block tree's shape before writing. Each grouped row must be, bit for bit,
 // the tree's node over the ungrouped rows of its blocks (a node the sum of its two halves, the left alone
 // where the right lies past the last block), with a short last block and a short last group, at 32 hidden
-// units and one output, where it groups; elsewhere it does not group, and refuses to.
+// units and one output, where it groups, for both schedules; elsewhere the plan refuses to group.
 TEST_CASE("the grouped tensor kernel writes the block tree's nodes, bitwise", "[mlp][tensor]") {
-  using Engine = dpmlp::detail::BlockEngine<Space, float>;
   struct Shape {
     std::vector<int> widths;
     dpmlp::Activation act;
@@ -263,92 +282,75 @@ TEST_CASE("the grouped tensor kernel writes the block tree's nodes, bitwise", "[
   const std::vector<Shape> shapes = {{{32, 32, 1}, dpmlp::Activation::relu}, {{7, 20, 1}, dpmlp::Activation::tanh},
                                      {{20, 64, 1}, dpmlp::Activation::tanh}, {{32, 128, 1}, dpmlp::Activation::identity},
                                      {{32, 32, 4}, dpmlp::Activation::relu}, {{32, 128, 3}, dpmlp::Activation::tanh}};
-  if (!Engine::tensor_unsupported(dpmlp::Mlp<float, Memory>({32, 32, 1})).empty()) {
-    // Elsewhere no engine takes a group: asking for one is refused.
-    dpmlp::Mlp<float, Memory> model({32, 32, 1});
-    CHECK(Engine::leaf_group(model, dpmlp::Engine::fused, 1 << 20, 1) == 1);
-    CHECK_THROWS_WITH(Engine(model, 100, 10, dpmlp::linalg::default_backend<Space>(true), dpmlp::Engine::fused, 0, 8),
-                      Catch::Contains("register-resident"));
-    return;
-  }
+  if (!tensor_unsupported(dpmlp::Mlp<float, Memory>({32, 32, 1})).empty()) return;  // test_engine_plan_mpi: refused
   std::mt19937 gen(17);
-  const std::int64_t many = std::int64_t(1) << 20;  // global blocks: the register-resident kernel, grouped
+  int compared = 0;
   for (const auto& sh : shapes) {
     dpmlp::Mlp<float, Memory> model(sh.widths, sh.act);
     model.init_jax(dpmlp::random::PRNGKey(5), 0.3f);
-    const int group = Engine::leaf_group(model, dpmlp::Engine::tensor, many, 1);
     int hp = 32;
     while (hp < sh.widths[1]) hp *= 2;
-    INFO("widths " << sh.widths[0] << "-" << sh.widths[1] << "-" << sh.widths[2] << ", group " << group);
-    if (Engine::tensor_kernel_for(model, dpmlp::Engine::tensor, many) != 1) {
-      WARN("the register-resident kernel does not run here (its shared memory)");
-      continue;
-    }
-    if (sh.widths[2] > 1 || hp != 32) {
-      // More than 32 hidden units or several outputs: no grouping (backend::mma_group says why), and asking
-      // for it is refused.
-      CHECK(group == 1);
-      const std::int64_t rows = 64 * 40;
-      Kokkos::View<float**, Kokkos::LayoutRight, Memory> x("x", rows, sh.widths[0]), y("y", rows, sh.widths[2]);
-      Engine e(model, rows, 64, dpmlp::linalg::default_backend<Space>(true), dpmlp::Engine::tensor, many, 8 / (hp / 32));
-      CHECK_THROWS_WITH(e.compute(Space(), x, y, 1.0f), Catch::Contains("one output"));
-      continue;
-    }
-    if (group == 1) {
-      WARN("the register-resident kernel does not run grouped here (its shared memory)");
-      continue;
-    }
-    CHECK(group == 8);
-    CHECK(Engine::leaf_group(model, dpmlp::Engine::tensor, 16, 1) == 1);  // too few blocks to fill the GPU
-    for (const std::int64_t block : {std::int64_t(64), std::int64_t(40)}) {
-      // 5 whole groups and 3 more blocks, the last short (17 rows of the block).
-      const std::int64_t rows = block * (5 * group + 2) + 17;
-      std::normal_distribution<float> nd(0.0f, 1.0f);
-      Kokkos::View<float**, Kokkos::LayoutRight, Memory> x("x", rows, sh.widths[0]), y("y", rows, sh.widths[2]);
-      auto hx = Kokkos::create_mirror_view(x);
-      auto hy = Kokkos::create_mirror_view(y);
-      for (std::int64_t r = 0; r < rows; ++r) {
-        for (int i = 0; i < sh.widths[0]; ++i) hx(r, i) = nd(gen);
-        for (int o = 0; o < sh.widths[2]; ++o) hy(r, o) = nd(gen);
+    for (const auto kernel : {dpmlp::TensorKernel::register_resident, dpmlp::TensorKernel::register_resident_paired}) {
+      dpmlp::EngineOptions one, grouped;
+      one.engine = grouped.engine = dpmlp::Engine::tensor;
+      one.tensor_kernel = grouped.tensor_kernel = kernel;
+      one.leaf_groups = dpmlp::Toggle::off;
+      grouped.leaf_groups = dpmlp::Toggle::on;
+      INFO("widths " << sh.widths[0] << "-" << sh.widths[1] << "-" << sh.widths[2] << ", "
+                     << dpmlp::tensor_kernel_name(kernel));
+      if (!plan_or_none(model, 1000, one)) continue;  // this schedule does not take the shape
+      if (sh.widths[2] > 1 || hp != 32) {
+        CHECK_THROWS_WITH(BlockEngine::plan(model, grouped, true, 1000, 1), Catch::Contains("leaf groups"));
+        continue;
       }
-      Kokkos::deep_copy(x, hx);
-      Kokkos::deep_copy(y, hy);
-      const auto gemm = dpmlp::linalg::default_backend<Space>(true);
-      Engine one(model, rows, block, gemm, dpmlp::Engine::tensor, many, 1);
-      Engine grouped(model, rows, block, gemm, dpmlp::Engine::tensor, many, group);
-      REQUIRE(one.tensor_kernel() == 1);
-      one.compute(Space(), x, y, 0.25f);
-      grouped.compute(Space(), x, y, 0.25f);
-      auto a = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), one.partials());
-      auto b = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), grouped.partials());
-      const std::int64_t blocks = one.blocks(), W = one.width();
-      REQUIRE(static_cast<std::int64_t>(b.extent(0)) == (blocks + group - 1) / group);
-      std::int64_t mismatches = 0;
-      for (std::int64_t sb = 0; sb < static_cast<std::int64_t>(b.extent(0)); ++sb) {
-        const std::int64_t m = std::min<std::int64_t>(group, blocks - sb * group);
-        for (std::int64_t c = 0; c < W; ++c) {
-          std::vector<float> v(group, 0.0f);
-          for (std::int64_t k = 0; k < m; ++k) v[k] = a(sb * group + k, c);
-          for (std::int64_t stride = 1; stride < group; stride *= 2) {
-            for (std::int64_t k = 0; k + stride < m; k += 2 * stride) v[k] += v[k + stride];
+      if (!plan_or_none(model, 1000, grouped)) {
+        WARN("the register-resident kernel does not run grouped here (its shared memory)");
+        continue;
+      }
+      for (const std::int64_t block : {std::int64_t(64), std::int64_t(40)}) {
+        // 5 whole groups and 3 more blocks, the last short (17 rows of the block).
+        const int group = 8;
+        const std::int64_t rows = block * (5 * group + 2) + 17;
+        one.block_rows = grouped.block_rows = block;
+        Kokkos::View<float**, Kokkos::LayoutRight, Memory> x, y;
+        device_normal_data(rows, sh.widths[0], sh.widths[2], gen, x, y);
+        BlockEngine e1(model, rows, BlockEngine::plan(model, one, true, rows, 1));
+        BlockEngine eg(model, rows, BlockEngine::plan(model, grouped, true, rows, 1));
+        REQUIRE(e1.group() == 1);
+        REQUIRE(eg.group() == group);
+        e1.compute(Space(), x, y, 0.25f);
+        eg.compute(Space(), x, y, 0.25f);
+        auto a = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), e1.partials());
+        auto b = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), eg.partials());
+        const std::int64_t blocks = e1.blocks(), W = e1.width();
+        REQUIRE(static_cast<std::int64_t>(b.extent(0)) == (blocks + group - 1) / group);
+        std::int64_t mismatches = 0;
+        for (std::int64_t sb = 0; sb < static_cast<std::int64_t>(b.extent(0)); ++sb) {
+          const std::int64_t m = std::min<std::int64_t>(group, blocks - sb * group);
+          for (std::int64_t c = 0; c < W; ++c) {
+            std::vector<float> v(group, 0.0f);
+            for (std::int64_t k = 0; k < m; ++k) v[k] = a(sb * group + k, c);
+            for (std::int64_t stride = 1; stride < group; stride *= 2) {
+              for (std::int64_t k = 0; k + stride < m; k += 2 * stride) v[k] += v[k + stride];
+            }
+            if (std::memcmp(&v[0], &b(sb, c), sizeof(float)) != 0) ++mismatches;
           }
-          if (std::memcmp(&v[0], &b(sb, c), sizeof(float)) != 0) ++mismatches;
         }
+        INFO("block " << block << ", rows " << rows);
+        CHECK(mismatches == 0);
+        ++compared;
       }
-      INFO("block " << block << ", rows " << rows);
-      CHECK(mismatches == 0);
     }
   }
+  if (compared == 0) WARN("nothing compared here");
 }
 
-// The register-resident kernel's paired schedule (backend::TensorPairKernel: each warp of a team split into a
+// The register-resident kernel's paired schedule (backend/cuda/tensor_pair.hpp: each warp of a team split into a
 // forward warp and a backward warp) runs at one output, relu or identity, wherever its shared memory fits, in
-// place of the unpaired teams (backend::mma_pair_runs). It must give their sums bit for bit
-// (DPMLP_MMA_PAIR=0 turns it off, =1 leaves it on; both read at every step), at every width (teams of 1,
-// 2, 4 and 8 pairs), grouped or not, with short last blocks and groups, fewer inputs or hidden units than the
-// padded shape, and a window of rows (a mini-batch).
+// place of the unpaired teams. It must give their sums bit for bit, at every width (teams of 1, 2, 4 and 8
+// pairs), grouped or not, with short last blocks and groups, fewer inputs or hidden units than the padded
+// shape, and a window of rows (a mini-batch).
 TEST_CASE("the paired register-resident schedule gives the unpaired teams' bits", "[mlp][tensor]") {
-  using Engine = dpmlp::detail::BlockEngine<Space, float>;
   struct Shape {
     std::vector<int> widths;
     dpmlp::Activation act;
@@ -361,65 +363,50 @@ TEST_CASE("the paired register-resident schedule gives the unpaired teams' bits"
                                      {{24, 100, 1}, dpmlp::Activation::identity},
                                      {{32, 256, 1}, dpmlp::Activation::relu},
                                      {{13, 200, 1}, dpmlp::Activation::relu}};
-  if (!Engine::tensor_unsupported(dpmlp::Mlp<float, Memory>({32, 32, 1})).empty()) return;  // CPU: no tensor engine
+  if (!tensor_unsupported(dpmlp::Mlp<float, Memory>({32, 32, 1})).empty()) return;  // CPU: no tensor engine
   std::mt19937 gen(23);
-  const std::int64_t many = std::int64_t(1) << 20;
   int compared = 0;
   for (const auto& sh : shapes) {
     dpmlp::Mlp<float, Memory> model(sh.widths, sh.act);
     model.init_jax(dpmlp::random::PRNGKey(9), 0.3f);
-    if (Engine::tensor_kernel_for(model, dpmlp::Engine::tensor, many) != 1) {
-      WARN("the register-resident kernel does not run here (its shared memory)");
-      continue;
-    }
-    const int most = Engine::leaf_group(model, dpmlp::Engine::tensor, many, 1);
-    std::vector<int> groups = {1};
-    if (most != 1) groups.push_back(most);  // grouped (32 hidden units)
-    for (const int group : groups) {
+    for (const auto groups : {dpmlp::Toggle::off, dpmlp::Toggle::on}) {
+      dpmlp::EngineOptions unpaired, paired;
+      unpaired.engine = paired.engine = dpmlp::Engine::tensor;
+      unpaired.tensor_kernel = dpmlp::TensorKernel::register_resident;
+      paired.tensor_kernel = dpmlp::TensorKernel::register_resident_paired;
+      unpaired.leaf_groups = paired.leaf_groups = groups;
+      if (!plan_or_none(model, 1000, unpaired) || !plan_or_none(model, 1000, paired)) {
+        if (groups == dpmlp::Toggle::off) WARN("the paired schedule does not run here (its shared memory)");
+        continue;  // grouped: only at 32 hidden units
+      }
+      // Automatic pairs wherever the paired schedule runs.
+      dpmlp::EngineOptions automatic;
+      automatic.leaf_groups = groups;
+      CHECK(BlockEngine::plan(model, automatic, true, 1000, 1).kernel == dpmlp::Kernel::tensor_register_resident_paired);
       for (const std::int64_t block : {std::int64_t(64), std::int64_t(40), std::int64_t(300)}) {
         const std::int64_t rows = block * (3 * 8 + 2) + 17;
-        std::normal_distribution<float> nd(0.0f, 1.0f);
-        Kokkos::View<float**, Kokkos::LayoutRight, Memory> x("x", rows, sh.widths[0]), y("y", rows, 1);
+        unpaired.block_rows = paired.block_rows = block;
+        Kokkos::View<float**, Kokkos::LayoutRight, Memory> x, y;
+        device_normal_data(rows, sh.widths[0], 1, gen, x, y);
         Kokkos::View<std::int64_t*, Memory> position("position", rows);
-        auto hx = Kokkos::create_mirror_view(x);
-        auto hy = Kokkos::create_mirror_view(y);
         auto hp = Kokkos::create_mirror_view(position);
-        for (std::int64_t r = 0; r < rows; ++r) {
-          for (int i = 0; i < sh.widths[0]; ++i) hx(r, i) = nd(gen);
-          hy(r, 0) = nd(gen);
-          hp(r) = (r * 7919) % rows;
-        }
-        Kokkos::deep_copy(x, hx);
-        Kokkos::deep_copy(y, hy);
+        for (std::int64_t r = 0; r < rows; ++r) hp(r) = (r * 7919) % rows;
         Kokkos::deep_copy(position, hp);
-        Engine e(model, rows, block, dpmlp::linalg::default_backend<Space>(true), dpmlp::Engine::tensor, many, group);
-        REQUIRE(e.tensor_kernel() == 1);
-#if defined(KOKKOS_ENABLE_CUDA)
-        dpmlp::backend::TensorProblem tp;
-        tp.H = sh.widths[1];
-        tp.act = sh.act;
-        const int padded = sh.widths[1] <= 32 ? 32 : sh.widths[1] <= 64 ? 64 : sh.widths[1] <= 128 ? 128 : 256;
-        const bool fits = dpmlp::backend::mma_pair_scratch_bytes(padded, group > 1) <=
-                          static_cast<std::size_t>(dpmlp::backend::tensor_device().smem_optin);
-        if (!fits) {
-          WARN("the paired schedule does not run here (its shared memory)");
-          continue;
-        }
-        unsetenv("DPMLP_MMA_PAIR");
-        CHECK(dpmlp::backend::mma_pair_runs(tp, group));  // the default wherever it fits
-#endif
+        BlockEngine eu(model, rows, BlockEngine::plan(model, unpaired, true, rows, 1));
+        BlockEngine ep(model, rows, BlockEngine::plan(model, paired, true, rows, 1));
+        REQUIRE(eu.engine_plan().kernel == dpmlp::Kernel::tensor_register_resident);
+        REQUIRE(ep.engine_plan().kernel == dpmlp::Kernel::tensor_register_resident_paired);
+        REQUIRE(eu.group() == ep.group());
         for (const bool windowed : {false, true}) {
           dpmlp::detail::RowWindow window;
           if (windowed) window = dpmlp::detail::RowWindow{position.data(), rows / 3, rows / 3 + rows / 4};
-          setenv("DPMLP_MMA_PAIR", "0", 1);
-          e.compute(Space(), x, y, 0.25f, window);
-          auto a = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), e.partials());
-          setenv("DPMLP_MMA_PAIR", "1", 1);
-          e.compute(Space(), x, y, 0.25f, window);
-          unsetenv("DPMLP_MMA_PAIR");
-          auto b = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), e.partials());
-          INFO("widths " << sh.widths[0] << "-" << sh.widths[1] << "-1, " << dpmlp::activation_name(sh.act) << ", group "
-                         << group << ", block " << block << ", rows " << rows << ", window " << windowed);
+          eu.compute(Space(), x, y, 0.25f, window);
+          ep.compute(Space(), x, y, 0.25f, window);
+          auto a = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), eu.partials());
+          auto b = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), ep.partials());
+          INFO("widths " << sh.widths[0] << "-" << sh.widths[1] << "-1, " << dpmlp::activation_name(sh.act)
+                         << ", group " << eu.group() << ", block " << block << ", rows " << rows << ", window "
+                         << windowed);
           REQUIRE(a.extent(0) == b.extent(0));
           CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
           ++compared;

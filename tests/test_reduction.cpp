@@ -62,7 +62,7 @@ TEST_CASE("the default block size caps the block count and the partial sums", "[
   // Hidden 256 (8706 sums a block): at most 2^24 sums, so 1024 blocks, not 4096.
   CHECK(default_block_rows(1048576, 8706) == 1024);
   CHECK(default_block_rows(4194304, 8706) == 4096);
-  // At most 2048 blocks (the register-resident tensor kernel's default: BlockEngine::default_most_blocks).
+  // At most 2048 blocks (the register-resident tensor kernel's default: engine/plan.hpp).
   CHECK(default_block_rows(1048576, 1090, 2048) == 512);
   CHECK(default_block_rows(20000, 1090, 2048) == 64);
   CHECK(default_block_rows(1048576, 8706, 2048) == 1024);

@@ -75,29 +75,29 @@ TEST_CASE("fused and tensor engines: bitwise the one-device parameters", "[train
       // relu: at every block count; tanh: chosen from the global block count, from 1024 blocks; chosen from a
       // rank's share, 2 ranks ran the other kernel).
       {{8, 16, 1}, dpmlp::Activation::relu, 16384, 16},  {{8, 16, 1}, dpmlp::Activation::tanh, 16384, 16},
-      // On a GPU of 132 SMs the register-resident kernel groups its blocks (backend::mma_group) from 924
+      // On a GPU of 132 SMs the register-resident kernel groups its blocks (the plan's leaf groups) from 924
       // blocks a rank (7/8 of its 1056 teams): 1500 blocks group at 1 rank and not at 2 (the same bits either
       // way), 2500 at 1 and 2 ranks (ranks own whole groups; the last group is short) and not at 3.
       {{8, 16, 1}, dpmlp::Activation::relu, 24000, 16},  {{8, 16, 1}, dpmlp::Activation::tanh, 40000 - 7, 16},
   };
   for (const auto& c : cases) {
-    for (const dpmlp::Engine engine : fused_engines(c.widths)) {  // tensor: CUDA only
+    for (const auto& engine : fused_engines(c.widths, c.act)) {  // tensor: CUDA only
       Problem p;
       p.rows = c.rows;
       p.widths = c.widths;
       p.activation = c.act;
       dpmlp::TrainerOptions opt;
       opt.block_rows = c.block;
-      opt.engine = engine;
+      engine.apply(opt);
       const Trained multi = train(MPI_COMM_WORLD, p, 6, opt);
       const Trained single = train_alone(p, 6, opt);
-      INFO("engine " << dpmlp::engine_name(engine) << ", rows " << c.rows << ", block " << c.block << ", hidden "
+      INFO("engine " << engine.name() << ", rows " << c.rows << ", block " << c.block << ", hidden "
                      << c.widths[1] << ", ranks " << size());
       CHECK(std::memcmp(multi.params.data(), single.params.data(), multi.params.size() * sizeof(float)) == 0);
       CHECK(multi.result.last_loss == single.result.last_loss);
       CHECK(multi.result.last_loss < multi.result.first_loss);
       // The layered engine computes the same function; its sums have other shapes, so only near.
-      opt.engine = dpmlp::Engine::layered;
+      EngineChoice{dpmlp::Engine::layered}.apply(opt);
       const Trained layered = train_alone(p, 6, opt);
       CHECK(max_abs_diff(layered.params, single.params) < 1e-5);
     }
@@ -197,16 +197,16 @@ TEST_CASE("epoch_positions: a permutation drawn from the seed and the epoch", "[
 TEST_CASE("mini-batches: the same bits at any rank count, every engine", "[trainer][minibatch]") {
   Problem p;
   p.rows = 1001;
-  std::vector<dpmlp::Engine> engines = fused_engines(p.widths);
-  engines.insert(engines.begin(), dpmlp::Engine::layered);
-  for (auto engine : engines) {
+  std::vector<EngineChoice> engines = fused_engines(p.widths, p.activation);
+  engines.insert(engines.begin(), EngineChoice{dpmlp::Engine::layered});
+  for (const auto& engine : engines) {
     for (std::int64_t batch : {std::int64_t(128), std::int64_t(1001)}) {
       dpmlp::TrainerOptions opt;
       opt.block_rows = 32;
-      opt.engine = engine;
+      engine.apply(opt);
       const auto multi = train_minibatch(MPI_COMM_WORLD, p, 2, batch, 42, opt);
       const auto single = train_minibatch(MPI_COMM_SELF, p, 2, batch, 42, opt);
-      INFO("engine " << dpmlp::engine_name(engine) << ", batch " << batch << ", ranks " << size());
+      INFO("engine " << engine.name() << ", batch " << batch << ", ranks " << size());
       CHECK(std::memcmp(multi.data(), single.data(), multi.size() * sizeof(float)) == 0);
     }
   }
@@ -313,21 +313,21 @@ TEST_CASE("peer exchange: bitwise the one-device parameters", "[trainer][peer]")
   const std::vector<Case> cases = {{{8, 16, 1}, 1000, 7}, {{8, 16, 1}, 1001, 100}, {{8, 16, 1}, 16384, 16},
                                    {{40, 100, 3}, 523, 48}, {{8, 16, 1}, 40000 - 7, 16}};
   for (const auto& c : cases) {
-    std::vector<dpmlp::Engine> engines = fused_engines(c.widths);
-    engines.push_back(dpmlp::Engine::layered);
-    for (const dpmlp::Engine engine : engines) {
+    std::vector<EngineChoice> engines = fused_engines(c.widths);
+    engines.push_back(EngineChoice{dpmlp::Engine::layered});
+    for (const auto& engine : engines) {
       for (const bool graph : {false, true}) {
         Problem p;
         p.rows = c.rows;
         p.widths = c.widths;
         dpmlp::TrainerOptions opt;
         opt.block_rows = c.block;
-        opt.engine = engine;
+        engine.apply(opt);
         const Trained single = train_alone(p, 6, opt);
         opt.peer_exchange = true;
         opt.cuda_graph = graph;
         const Trained multi = train(MPI_COMM_WORLD, p, 6, opt);
-        INFO("engine " << dpmlp::engine_name(engine) << ", rows " << c.rows << ", block " << c.block << ", graph "
+        INFO("engine " << engine.name() << ", rows " << c.rows << ", block " << c.block << ", graph "
                        << graph << ", ranks " << size());
         CHECK(std::memcmp(multi.params.data(), single.params.data(), multi.params.size() * sizeof(float)) == 0);
         CHECK(multi.result.first_loss == single.result.first_loss);
@@ -368,7 +368,7 @@ TEST_CASE("peer exchange: momentum and Adam, and runs that continue, same bits",
 }
 
 #if defined(KOKKOS_ENABLE_CUDA)
-// A rank whose GPU falls behind by more than DPMLP_PEER_TIMEOUT_S: the other rank's wait gives up, skips its
+// A rank whose GPU falls behind by more than TrainerOptions::peer_timeout_s: the other rank's wait gives up, skips its
 // later steps (so the late rank's next wait gives up too), and every rank throws CommError when the run ends.
 TEST_CASE("peer exchange: a rank that falls behind makes every rank throw CommError, no hang", "[trainer][peer]") {
   if (size() < 2 || !peer_runs()) return;
@@ -379,9 +379,8 @@ TEST_CASE("peer exchange: a rank that falls behind makes every rank throw CommEr
   dpmlp::TrainerOptions opt;
   opt.block_rows = 16;
   opt.peer_exchange = true;
-  setenv("DPMLP_PEER_TIMEOUT_S", "1", 1);  // read when the exchange is built
+  opt.peer_timeout_s = 1;
   dpmlp::DataParallelTrainer<Space, dpmlp::MpiCommunicator> t(MPI_COMM_WORLD, model, p.rows, dpmlp::Sgd(0.05), opt);
-  unsetenv("DPMLP_PEER_TIMEOUT_S");
   Matrix x, y;
   draw_rows(p, t.shard().first_row, t.shard().rows(), x, y);
   t.set_data(x, y);

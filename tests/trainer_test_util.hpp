@@ -5,6 +5,7 @@
 
 #include <dpmlp/dpmlp.hpp>
 
+#include <string>
 #include <vector>
 
 #include "check_util.hpp"
@@ -62,12 +63,36 @@ Trained train_alone(const Problem& p, int steps, const dpmlp::TrainerOptions& op
   return train<Comm, Optimizer>(MPI_COMM_SELF, p, steps, opt, optimizer);
 }
 
-// The one-kernel engines that can run `widths` on Space here: fused always; tensor on CUDA with tensor cores.
-inline std::vector<dpmlp::Engine> fused_engines(const std::vector<int>& widths) {
-  std::vector<dpmlp::Engine> engines{dpmlp::Engine::fused};
-  dpmlp::Mlp<float, Memory> model(widths);
-  if (dpmlp::detail::BlockEngine<Space, float>::tensor_unsupported(model).empty()) {
-    engines.push_back(dpmlp::Engine::tensor);
+// An engine, and for the tensor engine one of its kernels.
+struct EngineChoice {
+  dpmlp::Engine engine = dpmlp::Engine::automatic;
+  dpmlp::TensorKernel kernel = dpmlp::TensorKernel::automatic;
+  void apply(dpmlp::EngineOptions& o) const {
+    o.engine = engine;
+    o.tensor_kernel = kernel;
+  }
+  std::string name() const {
+    return std::string(dpmlp::engine_name(engine)) +
+           (kernel == dpmlp::TensorKernel::automatic ? "" : std::string(" ") + dpmlp::tensor_kernel_name(kernel));
+  }
+};
+
+// The one-kernel engines that can run `widths` on Space here: fused always; on CUDA with tensor cores the
+// tensor engine, with each of its kernels that takes the model.
+inline std::vector<EngineChoice> fused_engines(const std::vector<int>& widths,
+                                               dpmlp::Activation act = dpmlp::Activation::relu) {
+  std::vector<EngineChoice> engines{{dpmlp::Engine::fused}};
+  dpmlp::Mlp<float, Memory> model(widths, act);
+  for (const auto kernel : {dpmlp::TensorKernel::automatic, dpmlp::TensorKernel::warp_matrix,
+                            dpmlp::TensorKernel::register_resident, dpmlp::TensorKernel::register_resident_paired}) {
+    dpmlp::EngineOptions o;
+    o.engine = dpmlp::Engine::tensor;
+    o.tensor_kernel = kernel;
+    try {
+      (void)dpmlp::detail::BlockEngine<Space, float>::plan(model, o, true, 1000, 1);
+      engines.push_back({dpmlp::Engine::tensor, kernel});
+    } catch (const dpmlp::InputError&) {
+    }
   }
   return engines;
 }

@@ -26,70 +26,23 @@
 #include <utility>
 #include <vector>
 
-#include "dpmlp/backend/cuda_graph.hpp"
-#include "dpmlp/backend/cuda_peer.hpp"
+#include "dpmlp/backend/peer_exchange.hpp"
+#include "dpmlp/backend/step_graph.hpp"
+#include "dpmlp/callback_hooks.hpp"
 #include "dpmlp/comm/communicator.hpp"
 #include "dpmlp/devices.hpp"
 #include "dpmlp/digest.hpp"
+#include "dpmlp/engine/block_engine.hpp"
+#include "dpmlp/engine/plan.hpp"
 #include "dpmlp/errors.hpp"
 #include "dpmlp/kokkos_compat.hpp"
 #include "dpmlp/linalg/gemm.hpp"
 #include "dpmlp/mlp.hpp"
 #include "dpmlp/optim.hpp"
 #include "dpmlp/reduction.hpp"
+#include "dpmlp/trainer_options.hpp"
 
 namespace dpmlp {
-
-struct TrainerOptions {
-  // reproducible: the final parameters are bitwise identical whatever the rank count (docs/design.md).
-  Reduction reduction = Reduction::reproducible;
-  std::int64_t block_rows = 0;  // rows per reduction block; 0: the default (BlockEngine::default_block_rows)
-  std::optional<linalg::Backend> gemm;  // default: linalg::default_backend<ExecSpace>(reproducible)
-  // At start, rank 0's parameters are broadcast to every rank. With `false`, the ranks instead check that
-  // they already hold the same parameters (by digest) and refuse to train if not.
-  bool broadcast_initial_params = true;
-  // On CUDA with a stream-ordered communicator (NCCL) and an optimizer whose step does not depend on the
-  // step number (Sgd), capture one step as a CUDA graph and replay it (backend/cuda_graph.hpp). Elsewhere
-  // it is ignored.
-  bool cuda_graph = false;
-  // The per-block gradient engine (detail/fused_one_hidden.hpp). automatic: one fused kernel a step on GPUs
-  // for one-hidden-layer models that fit it, else the layered engine. Either is reproducible; they differ
-  // from each other in the last bits.
-  Engine engine = Engine::automatic;
-  // With two or more ranks on CUDA and the reproducible reduction: exchange the block tree's subtree sums by
-  // writing them straight into the other ranks' GPU memory (CUDA IPC; the GPUs need peer access, as over
-  // NVLink), in one kernel that also sums the local tree, runs the combine and applies the update
-  // (backend/cuda_peer.hpp). A step is then two kernels and no collective call; the bits are those of the
-  // allgather path. Every rank must ask for it; on one rank it is ignored, elsewhere refused. A rank that waits
-  // more than DPMLP_PEER_TIMEOUT_S seconds (default 60) for another makes every rank throw CommError when the
-  // run ends.
-  bool peer_exchange = false;
-};
-
-struct TrainResult {
-  double first_loss = 0, last_loss = 0;
-  int steps = 0;
-};
-
-// What callbacks are told (callbacks.hpp).
-struct TrainInfo {
-  int steps;                 // steps asked for in this train() call
-  std::int64_t steps_before;  // steps taken before it
-  int rank, size;
-};
-struct StepInfo {
-  std::int64_t step;  // steps taken so far, over all train() calls
-  int step_in_run;    // 1-based within this train() call
-  double loss;        // this step's loss (the mean over all ranks' rows)
-  double step_ms;     // wall time of the step, including the loss read
-};
-
-// What an end_epoch hook is told (train_epochs).
-struct EpochInfo {
-  std::int64_t epoch;  // epochs completed so far, over all calls (this one included)
-  int steps;           // mini-batch steps in this epoch
-  double mean_loss;    // the mean of this epoch's batch losses
-};
 
 // The order in which epoch `epoch` of DataParallelTrainer::train_epochs visits the global rows, as each row's
 // position in it: a permutation of [0, rows) drawn from (seed, epoch) alone, never from the rank count: the
@@ -105,92 +58,6 @@ inline std::vector<std::int64_t> epoch_positions(std::uint64_t seed, std::int64_
   return position;
 }
 
-namespace detail {
-// Optional hooks, ensmallen-style: a callback has any subset of them.
-template <class C, class = void>
-struct has_begin : std::false_type {};
-template <class C>
-struct has_begin<C, std::void_t<decltype(std::declval<C&>().begin_training(std::declval<const TrainInfo&>()))>>
-    : std::true_type {};
-template <class C, class = void>
-struct has_end_step : std::false_type {};
-template <class C>
-struct has_end_step<C, std::void_t<decltype(std::declval<C&>().end_step(std::declval<const StepInfo&>()))>>
-    : std::true_type {};
-template <class C, class = void>
-struct has_end : std::false_type {};
-template <class C>
-struct has_end<C, std::void_t<decltype(std::declval<C&>().end_training(std::declval<const TrainResult&>()))>>
-    : std::true_type {};
-
-template <class C, class = void>
-struct has_begin_step : std::false_type {};
-template <class C>
-struct has_begin_step<C, std::void_t<decltype(std::declval<C&>().begin_step(std::int64_t()))>> : std::true_type {};
-template <class C, class = void>
-struct has_begin_epoch : std::false_type {};
-template <class C>
-struct has_begin_epoch<C, std::void_t<decltype(std::declval<C&>().begin_epoch(std::int64_t()))>> : std::true_type {};
-template <class C, class = void>
-struct has_end_epoch : std::false_type {};
-template <class C>
-struct has_end_epoch<C, std::void_t<decltype(std::declval<C&>().end_epoch(std::declval<const EpochInfo&>()))>>
-    : std::true_type {};
-
-// hook(cb) for each callback, in order, that has the hook Has detects.
-template <template <class, class> class Has, class Hook, class... C>
-void each_with(const Hook& hook, C&... cbs) {
-  auto one = [&](auto& cb) {
-    if constexpr (Has<std::decay_t<decltype(cb)>, void>::value) hook(cb);
-  };
-  (one(cbs), ...);
-  (void)one;  // an empty pack never calls it
-}
-// call(): a hook that may ask to stop (returns something convertible to bool) or not (returns void).
-template <class Call>
-bool asks_to_stop(const Call& call) {
-  if constexpr (std::is_void_v<decltype(call())>) {
-    call();
-    return false;
-  } else {
-    return static_cast<bool>(call());
-  }
-}
-
-// begin_step(step) / begin_epoch(epoch): the 1-based number, over all train calls, of what is about to run.
-template <class... C>
-void call_begin_step(std::int64_t step, C&... cbs) {
-  each_with<has_begin_step>([&](auto& cb) { cb.begin_step(step); }, cbs...);
-}
-template <class... C>
-void call_begin_epoch(std::int64_t epoch, C&... cbs) {
-  each_with<has_begin_epoch>([&](auto& cb) { cb.begin_epoch(epoch); }, cbs...);
-}
-template <class... C>
-void call_begin(const TrainInfo& info, C&... cbs) {
-  each_with<has_begin>([&](auto& cb) { cb.begin_training(info); }, cbs...);
-}
-// True when any callback asks to stop. Every callback is called, even after one asked.
-template <class... C>
-bool call_end_step(const StepInfo& info, C&... cbs) {
-  bool stop = false;
-  each_with<has_end_step>([&](auto& cb) { stop = asks_to_stop([&] { return cb.end_step(info); }) || stop; },
-                          cbs...);
-  return stop;
-}
-// True when any callback asks to stop after this epoch. Every callback is called.
-template <class... C>
-bool call_end_epoch(const EpochInfo& info, C&... cbs) {
-  bool stop = false;
-  each_with<has_end_epoch>([&](auto& cb) { stop = asks_to_stop([&] { return cb.end_epoch(info); }) || stop; },
-                           cbs...);
-  return stop;
-}
-template <class... C>
-void call_end(const TrainResult& r, C&... cbs) {
-  each_with<has_end>([&](auto& cb) { cb.end_training(r); }, cbs...);
-}
-}  // namespace detail
 
 template <class ExecSpace, class Comm = default_communicator_t<ExecSpace>, class Optimizer = Sgd, class Scalar = float>
 class DataParallelTrainer {
@@ -217,8 +84,9 @@ class DataParallelTrainer {
                       const ExecSpace& space = ExecSpace())
       : comm_(comm), model_(model), optimizer_(optimizer), options_(options), space_(space) {
     MPI_Comm c = comm_.mpi_comm();
+    using engine_t = detail::BlockEngine<ExecSpace, Scalar>;
+    const bool reproducible = options.reduction == Reduction::reproducible;
     std::string problem;
-    Engine engine_kind = Engine::layered;
     try {
       optimizer.validate();
     } catch (const InputError& e) {
@@ -229,46 +97,41 @@ class DataParallelTrainer {
       problem = "zero rows";
     } else if (global_rows < comm_.size()) {
       problem = "fewer rows (" + std::to_string(global_rows) + ") than ranks (" + std::to_string(comm_.size()) + ")";
-    } else if (options.block_rows < 0) {
-      problem = "block_rows must be positive (or 0 for the default)";
+    } else if (!(options.peer_timeout_s > 0)) {
+      problem = "peer_timeout_s must be positive";
     } else {
       try {
-        engine_kind = detail::BlockEngine<ExecSpace, Scalar>::resolve_engine(model, options.engine);
+        engine_plan_ = engine_t::plan(model, options, reproducible, global_rows, comm_.size());
       } catch (const InputError& e) {
         problem = e.what();
       }
     }
     agree(c, problem.empty() ? problem : "dpmlp::DataParallelTrainer: " + problem);
     global_rows_ = global_rows;
-    block_ = options.block_rows > 0
-                 ? options.block_rows
-                 : detail::BlockEngine<ExecSpace, Scalar>::default_block_rows(model, engine_kind, global_rows);
-    // The tree's leaves: groups of group_ blocks where the engine sums them itself (the same bits: a group is a
-    // subtree), so ranks own whole groups. Every rank must take the same group: the smallest of theirs.
-    group_ = detail::BlockEngine<ExecSpace, Scalar>::leaf_group(model_, engine_kind, global_blocks(), comm_.size(),
-                                                                 block_);
-    detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &group_, 1, MPI_INT, MPI_MIN, c), "MPI_Allreduce");
-    plan_ = BlockTreePlan(global_rows, block_ * group_, comm_.rank(), comm_.size());
-    gemm_ = options.gemm ? *options.gemm : linalg::default_backend<ExecSpace>(options.reduction == Reduction::reproducible);
-    engine_ = detail::BlockEngine<ExecSpace, Scalar>(model_, plan_.shard().rows(), block_, gemm_, engine_kind,
-                                                     global_blocks(), group_);
-    // Every rank must run the same engine (and tensor kernel): their sums differ in the last bits, so a mix
-    // (ranks on different kinds of device) would silently break the bitwise reproducibility.
-    {
-      const int code = static_cast<int>(engine_.kind()) * 4 + engine_.tensor_kernel();
-      const int mine[2] = {code, -code};  // one MAX gives the largest and (negated) the smallest
-      int most[2] = {0, 0};
-      detail::check_mpi(MPI_Allreduce(mine, most, 2, MPI_INT, MPI_MAX, c), "MPI_Allreduce");
-      std::string mixed;
-      if (most[0] != -most[1]) {
-        const int k = engine_.tensor_kernel();
-        mixed = std::string("dpmlp::DataParallelTrainer: the ranks resolved different engines (this rank: ") +
-                  engine_name(engine_.kind()) +
-                  (k == 1 ? ", register-resident kernel" : k == 2 ? ", warp-matrix kernel" : "") +
-                  "); ask for one engine with TrainerOptions::engine";
-      }
-      agree(c, mixed);
+    // The tree's leaves: groups of leaf_group blocks where the engine sums them itself (the same bits: a group is
+    // a subtree), so ranks own whole groups. Every rank must take the same group: the smallest of theirs.
+    int group = engine_plan_.leaf_group;
+    detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &group, 1, MPI_INT, MPI_MIN, c), "MPI_Allreduce");
+    if (group != engine_plan_.leaf_group) {
+      EngineOptions ungrouped = options;
+      ungrouped.leaf_groups = Toggle::off;
+      engine_plan_ = engine_t::plan(model, ungrouped, reproducible, global_rows, comm_.size());
     }
+    // Every rank must run the same plan: their sums would differ in the last bits, so a mix (ranks on different
+    // kinds of device) would silently break the bitwise reproducibility.
+    {
+      const long long key = static_cast<long long>(engine_plan_.sums_key());
+      long long range[2] = {key, -key};
+      detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_LONG_LONG, MPI_MAX, c), "MPI_Allreduce");
+      agree(c, range[0] == -range[1] ? std::string()
+                                     : "dpmlp::DataParallelTrainer: the ranks planned different engines (this rank: " +
+                                           engine_plan_.describe() + "); ask for one with TrainerOptions");
+    }
+    block_ = engine_plan_.block_rows;
+    group_ = engine_plan_.leaf_group;
+    plan_ = BlockTreePlan(global_rows, block_ * group_, comm_.rank(), comm_.size());
+    gemm_ = engine_plan_.gemm;
+    engine_ = engine_t(model_, plan_.shard().rows(), engine_plan_);
     reducer_ = BlockTreeReducer<ExecSpace, Scalar>(plan_, engine_.width(), options.reduction);
     {
       // Every rank must take the same path (the exchange's kernel pairs with the peers' kernels, not with a
@@ -292,7 +155,9 @@ class DataParallelTrainer {
         if (why.empty() && options.reduction != Reduction::reproducible) why = "it needs Reduction::reproducible";
       }
       agree(c, why.empty() ? why : "dpmlp::DataParallelTrainer: peer_exchange: " + why);
-      if (options.peer_exchange && comm_.size() > 1) peer_ = backend::make_peer_exchange(c, reducer_);
+      if (options.peer_exchange && comm_.size() > 1) {
+        peer_ = backend::make_peer_exchange(c, reducer_, options.peer_timeout_s);
+      }
     }
     state_ = Kokkos::View<Scalar*, memory_space>("dpmlp::optimizer_state", optimizer.state_size(model_.num_params()));
     sync_parameters();
@@ -312,7 +177,9 @@ class DataParallelTrainer {
   // (the register-resident tensor kernel; the same bits). plan()'s blocks are block_rows() x leaf_group() rows.
   int leaf_group() const { return group_; }
   linalg::Backend gemm_backend() const { return gemm_; }
-  Engine engine() const { return engine_.engine(); }
+  Engine engine() const { return engine_plan_.engine; }
+  // How a step computes its block sums (engine/plan.hpp): the same on every rank.
+  const EnginePlan& engine_plan() const { return engine_plan_; }
   const TrainerOptions& options() const { return options_; }
   const Optimizer& optimizer() const { return optimizer_; }
   // The optimizer's state (optimizer().state_size(num_params) values), e.g. for checkpoints.
@@ -625,6 +492,7 @@ class DataParallelTrainer {
   ExecSpace space_;
   std::int64_t global_rows_ = 0, block_ = 1, steps_done_ = 0;
   int group_ = 1;  // blocks a leaf of plan_ holds
+  EnginePlan engine_plan_;
   BlockTreePlan plan_;
   linalg::Backend gemm_ = linalg::Backend::portable;
   detail::BlockEngine<ExecSpace, Scalar> engine_;
@@ -642,22 +510,17 @@ class DataParallelTrainer {
 };
 
 // Single-device value and gradient of the mean squared error: grad (num_params) <- d loss / d params; returns
-// the loss. Same block-wise computation as the trainer (so the same bits as a one-rank trainer step).
+// the loss. The same block-wise computation and plan as a one-rank trainer's step (so the same bits).
 template <class ExecSpace, class Scalar, class X, class Y, class G>
 Scalar value_and_grad(const ExecSpace& space, const Mlp<Scalar, typename ExecSpace::memory_space>& model,
-                      const X& x, const Y& y, const G& grad, std::int64_t block_rows = 0,
-                      Engine engine = Engine::automatic) {
+                      const X& x, const Y& y, const G& grad, const EngineOptions& options) {
   const std::int64_t rows = x.extent(0);
   if (rows <= 0) throw InputError("dpmlp::value_and_grad: zero rows");
   if (grad.extent(0) != model.num_params()) throw InputError("dpmlp::value_and_grad: grad has the wrong size");
   using engine_t = detail::BlockEngine<ExecSpace, Scalar>;
-  const Engine kind = engine_t::resolve_engine(model, engine);
-  const std::int64_t block = block_rows > 0 ? block_rows : engine_t::default_block_rows(model, kind, rows);
-  const std::int64_t nblocks = (rows + block - 1) / block;
-  const int group = engine_t::leaf_group(model, kind, nblocks, 1, block);
-  const BlockTreePlan plan(rows, block * group, 0, 1);
-  const auto backend = linalg::default_backend<ExecSpace>(true);
-  engine_t blocks(model, rows, block, backend, kind, nblocks, group);
+  const EnginePlan p = engine_t::plan(model, options, true, rows, 1);
+  const BlockTreePlan plan(rows, p.block_rows * p.leaf_group, 0, 1);
+  engine_t blocks(model, rows, p);
   BlockTreeReducer<ExecSpace, Scalar> reducer(plan, blocks.width(), Reduction::reproducible);
   const Scalar inv = Scalar(1.0 / (static_cast<double>(rows) * model.outputs()));
   blocks.compute(space, x, y, inv);
@@ -667,6 +530,17 @@ Scalar value_and_grad(const ExecSpace& space, const Mlp<Scalar, typename ExecSpa
   Kokkos::deep_copy(space, loss, Kokkos::subview(total, model.num_params()));
   compat::fence(space, "dpmlp::value_and_grad");
   return loss * inv;
+}
+
+// The same with the engine and the rows a block alone (0: the default).
+template <class ExecSpace, class Scalar, class X, class Y, class G>
+Scalar value_and_grad(const ExecSpace& space, const Mlp<Scalar, typename ExecSpace::memory_space>& model,
+                      const X& x, const Y& y, const G& grad, std::int64_t block_rows = 0,
+                      Engine engine = Engine::automatic) {
+  EngineOptions options;
+  options.block_rows = block_rows;
+  options.engine = engine;
+  return value_and_grad(space, model, x, y, grad, options);
 }
 
 }  // namespace dpmlp

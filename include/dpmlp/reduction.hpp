@@ -31,14 +31,13 @@ enum class Reduction { reproducible, fast };
 inline const char* reduction_name(Reduction r) { return r == Reduction::reproducible ? "reproducible" : "fast"; }
 
 // Rows per block when the caller does not choose: 64, doubled until there are at most `most_blocks` blocks
-// (4096; the trainer asks for 2048 where the engine is the register-resident tensor kernel:
-// BlockEngine::default_most_blocks) and at most 2^24 per-block partial sums in all (blocks x width, width:
-// the sums a block produces, the parameters and the loss), so the partial sums stay small at millions of
-// rows and for wide models. A function of the global row count and the model only (never of the rank
-// count). Short blocks keep each block's in-order sums short: on a GPU those sums are chains of dependent
-// loads. The second cap matters from ~1900 sums a block (hidden 256 of the seed's model: 8706; at 1M rows
-// 1024 blocks instead of 4096, which cut a 2xH200 step from 687 to 552 us: the partial sums and their tree
-// had been a fifth of it).
+// (4096; the engine plan asks for 2048 where the register-resident tensor kernel runs at every block count:
+// engine/plan.hpp) and at most 2^24 per-block partial sums in all (blocks x width, width: the sums a block
+// produces, the parameters and the loss), so the partial sums stay small at millions of rows and for wide
+// models. A function of the global row count and the model only (never of the rank count). Short blocks keep
+// each block's in-order sums short: on a GPU those sums are chains of dependent loads. The second cap matters
+// from ~1900 sums a block (hidden 256 of the seed's model: 8706 sums; at 1M rows 1024 blocks instead of 4096),
+// where the partial sums and their tree would otherwise take a large share of a step.
 inline std::int64_t default_block_rows(std::int64_t global_rows, std::int64_t width = 0,
                                        std::int64_t most_blocks = 4096) {
   constexpr std::int64_t most_sums = std::int64_t(1) << 24;
@@ -250,7 +249,7 @@ class BlockTreeReducer {
   std::int64_t width() const { return width_; }
   Reduction mode() const { return mode_; }
   // The device copies of this rank's subtrees (first local block, level) and of the combine program (the
-  // peer exchange, backend/cuda_peer.hpp, runs the same tree from them).
+  // peer exchange, backend/cuda/peer.hpp, runs the same tree from them).
   const Kokkos::View<std::int64_t*, memory_space>& node_lo() const { return node_lo_; }
   const Kokkos::View<int*, memory_space>& node_level() const { return node_level_; }
   const Kokkos::View<int* [3], memory_space>& program() const { return program_; }
@@ -428,10 +427,8 @@ class BlockTreeReducer {
 
   // The same, a team a chunk of columns: the program and the chunk's gathered values are staged in team
   // scratch (every load in flight at once), and the program's chain of dependent additions runs there. In
-  // global memory each of its steps waits out a load of the step and of its operands. (Measured at the
-  // seed size on two H200s, old and new builds in one call: no difference a call, 6.4 against 6.5 us, both
-  // bound by the ~5 us Kokkos launch; the kernel's own GPU time was not measured apart.) The same
-  // additions in the same order: the same bits.
+  // global memory each of its steps waits out a load of the step and of its operands. The same additions in
+  // the same order: the same bits.
   template <class F>
   void combine_apply_in_scratch(const ExecSpace& space, const F& f) const {
     using policy = Kokkos::TeamPolicy<ExecSpace>;

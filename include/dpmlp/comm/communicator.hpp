@@ -15,14 +15,21 @@
 
 #include <type_traits>
 
+#include "dpmlp/backend/cuda/nccl.hpp"
 #include "dpmlp/comm/mpi.hpp"
-#if __has_include("dpmlp/comm/nccl.hpp")
-#include "dpmlp/comm/nccl.hpp"
-#else
-namespace dpmlp { template <class ExecSpace> using default_communicator_t = MpiCommunicator; }
-#endif
 
 namespace dpmlp {
+
+// The communicator dpmlp uses on ExecSpace unless told otherwise: NCCL on CUDA where it was found, MPI
+// everywhere else.
+#if defined(DPMLP_HAS_NCCL_COMMUNICATOR)
+template <class ExecSpace>
+using default_communicator_t =
+    std::conditional_t<std::is_same<ExecSpace, Kokkos::Cuda>::value, NcclCommunicator, MpiCommunicator>;
+#else
+template <class ExecSpace>
+using default_communicator_t = MpiCommunicator;
+#endif
 
 template <class Comm, class = void>
 struct is_communicator : std::false_type {};

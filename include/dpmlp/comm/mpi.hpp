@@ -7,7 +7,7 @@
 // Device data: when the View lives where the host can read it, or MPI is CUDA-aware, MPI gets the View's
 // pointer. Otherwise the data is staged through a host mirror: fence the space, copy down, MPI, copy up.
 // That host synchronization per collective is the price of the portable path; NcclCommunicator
-// (comm/nccl.hpp) enqueues on the stream instead.
+// (backend/cuda/nccl.hpp) enqueues on the stream instead.
 #pragma once
 
 #include <mpi.h>

@@ -9,7 +9,7 @@
 //
 // Backends:
 //   - eigen:    host spaces; Eigen::Map over the Kokkos data, one Eigen product per batch entry.
-//   - cublas:   Kokkos::Cuda; cublas<t>gemmStridedBatched on the execution space's stream (linalg/cublas.hpp).
+//   - cublas:   Kokkos::Cuda; cublas<t>gemmStridedBatched on the execution space's stream (backend/cuda/cublas.hpp).
 //   - portable: any space; a Kokkos kernel in which each C element is summed over k in increasing order.
 // Every backend is deterministic for a fixed (shape, batch) on a fixed machine. Only the portable backend
 // (and eigen, one product per batch entry) gives each batch entry bits that do not depend on the batch
@@ -135,7 +135,7 @@ void gemm_portable(const ExecSpace& space, const BatchedGemm<Scalar>& g) {
 }  // namespace dpmlp
 
 #if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUBLAS)
-#include "dpmlp/linalg/cublas.hpp"
+#include "dpmlp/backend/cuda/cublas.hpp"
 #endif
 
 namespace dpmlp {

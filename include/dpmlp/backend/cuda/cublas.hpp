@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// dpmlp/linalg/cublas.hpp: the cuBLAS backend of dpmlp::linalg::gemm (Kokkos::Cuda only).
+// dpmlp/backend/cuda/cublas.hpp: the cuBLAS backend of dpmlp::linalg::gemm (Kokkos::Cuda only).
 //
 // dpmlp's matrices are row-major and cuBLAS is column-major. A row-major m x n matrix with leading dimension
 // ld is, read column-major, its n x m transpose with the same ld. So the row-major product

@@ -1,12 +1,11 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// dpmlp/backend/cuda_peer.hpp: the block tree's exchange by direct writes into the other GPUs' memory (CUDA
+// dpmlp/backend/cuda/peer.hpp: the block tree's exchange by direct writes into the other GPUs' memory (CUDA
 // IPC; peer access over NVLink or PCIe), in one kernel with the local tree, the combine and the update.
 //
 // Why: at small sizes a reproducible step is a chain of dependent pieces, and each link costs latency, not
-// arithmetic. At the seed size on two H200s (docs/benchmarks.md): the engine ~12.9 us, then the local
-// block tree (a kernel, ~5.8 us), NCCL's allgather of the subtree sums (~7 us: its small-message latency,
-// whatever the protocol) and the combine with the update (a kernel, ~4.9 us). TrainerOptions::peer_exchange
-// replaces those three by one kernel. A team a chunk of columns:
+// arithmetic: after the engine, the local block tree (a kernel), the collective's allgather of the subtree
+// sums (its small-message latency, whatever the protocol) and the combine with the update (a kernel).
+// TrainerOptions::peer_exchange replaces those three by one kernel. A team a chunk of columns:
 //   1. sums this rank's subtrees of its columns in team scratch (the same pairs in the same order as
 //      BlockTreeReducer::reduce_local_in_scratch: the same bits);
 //   2. writes the subtree sums straight into every rank's exchange buffer (its own and, through the mapped
@@ -25,36 +24,34 @@
 //
 // No hang: every team runs at once (the grid is at most the teams the SMs hold at once: one an SM, or two
 // where registers and shared memory allow; past that a team loops over several chunks), so a wait depends
-// only on the other ranks. A wait gives up after DPMLP_PEER_TIMEOUT_S seconds (default 60; a rank stuck in
-// host code, e.g. a callback writing a checkpoint, keeps its peers waiting in this kernel meanwhile),
+// only on the other ranks. A wait gives up after TrainerOptions::peer_timeout_s seconds (a rank stuck in host
+// code, e.g. a callback writing a checkpoint, keeps its peers waiting in this kernel meanwhile),
 // records which rank it waited for, and every later team and step skips its work (so the peers time out in
 // turn); the trainer reads the record when the run ends and all ranks throw CommError together.
 //
-// This file holds the only CUDA-specific code of the exchange: the IPC set-up, the system-scope flags and the
-// kernel. Without KOKKOS_ENABLE_CUDA it defines peer_exchange_unsupported() (a reason) and an empty
-// PeerExchange, so the trainer needs no #ifdef.
+// This file holds the exchange's CUDA code: the IPC set-up, the system-scope flags and the kernel. The trainer
+// includes backend/peer_exchange.hpp, which stands in for it on other builds.
 #pragma once
 
 #include <Kokkos_Core.hpp>
+
+#if defined(KOKKOS_ENABLE_CUDA)
+
+#include <cuda_runtime.h>
 #include <mpi.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
 
-#include "dpmlp/backend/cuda_tensor_core.hpp"
+#include "dpmlp/backend/cuda/device.hpp"
 #include "dpmlp/errors.hpp"
 #include "dpmlp/kokkos_compat.hpp"
 #include "dpmlp/reduction.hpp"
-
-#if defined(KOKKOS_ENABLE_CUDA)
-#include <cuda_runtime.h>
-#endif
 
 namespace dpmlp {
 namespace backend {
@@ -67,8 +64,6 @@ struct PeerLinks {
   int chunks = 0, columns = 0, sms = 0;  // columns a chunk (a power of two); the device's multiprocessors
   long long timeout_ns = 0;
 };
-
-#if defined(KOKKOS_ENABLE_CUDA)
 
 // System-scope relaxed store (after a fence: a release) and acquire load of a flag; the GPU's global
 // nanosecond timer.
@@ -214,7 +209,7 @@ class PeerExchange {
     }
     if (word[0] == 0) return {};
     return "dpmlp: peer exchange: rank " + std::to_string(links_.rank) + " waited more than " +
-           std::to_string(links_.timeout_ns / 1000000000LL) + " s (DPMLP_PEER_TIMEOUT_S) for rank " +
+           std::to_string(links_.timeout_ns / 1000000000LL) + " s (TrainerOptions::peer_timeout_s) for rank " +
            std::to_string(word[0] - 1) + "'s subtree sums of its exchange step " + std::to_string(word[1]) +
            " (a rank stopped or fell behind); the steps from there on were skipped, and that step may have "
            "updated part of the parameters";
@@ -263,19 +258,11 @@ std::size_t peer_scratch_bytes(const BlockTreePlan& plan, std::int64_t rows, int
          plan.program().size() * 3 * sizeof(int);
 }
 
-// The positive integer in environment variable `name` (the whole value), else 0.
-inline long long peer_env_positive(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) return 0;
-  char* end = nullptr;
-  const long long t = std::strtoll(v, &end, 10);
-  return end != v && *end == '\0' && t > 0 ? t : 0;
-}
-
-// Builds the exchange for a reducer (collective over comm). Throws InputError on every rank when a rank's
-// blocks do not fit a team's scratch even one column at a time.
+// Builds the exchange for a reducer (collective over comm); a wait gives up after timeout_s seconds. Throws
+// InputError on every rank when a rank's blocks do not fit a team's scratch even one column at a time.
 template <class ExecSpace, class Scalar>
-std::shared_ptr<PeerExchange> make_peer_exchange(MPI_Comm comm, const BlockTreeReducer<ExecSpace, Scalar>& r) {
+std::shared_ptr<PeerExchange> make_peer_exchange(MPI_Comm comm, const BlockTreeReducer<ExecSpace, Scalar>& r,
+                                                 double timeout_s) {
   const BlockTreePlan& plan = r.plan();
   const std::int64_t local_blocks = plan.shard().local_blocks();
   const auto most = static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(0));
@@ -285,17 +272,10 @@ std::shared_ptr<PeerExchange> make_peer_exchange(MPI_Comm comm, const BlockTreeR
   }
   // Narrower chunks while there are no more of them than SMs: a chunk's tree, combine and update are chains
   // of shared-memory steps, so more, narrower chunks on more SMs end sooner, and each thread stages fewer
-  // rows; more chunks than SMs put two teams on an SM (2xH200, seed size, 1090 columns, ms per 100 steps:
-  // 2.75 with 16-column chunks, 69 teams; 2.96 with 32, 35 teams; 2.91 with 8, 137; docs/benchmarks.md).
-  // DPMLP_PEER_COLUMNS=<power of two> sets the width instead, where it fits (measurements).
-  const int sms = std::max(1, tensor_device().sms);
+  // rows; more chunks than SMs would put two teams on an SM, which was slower.
+  const int sms = std::max(1, cuda_device().sms);
   const auto chunks_of = [&](int c) { return (r.width() + c - 1) / c; };
-  const long long asked = peer_env_positive("DPMLP_PEER_COLUMNS");
-  if (asked > 0 && (asked & (asked - 1)) == 0 && asked <= cols) {
-    cols = static_cast<int>(asked);
-  } else {
-    while (cols > 1 && chunks_of(cols / 2) <= sms) cols /= 2;
-  }
+  while (cols > 1 && chunks_of(cols / 2) <= sms) cols /= 2;
   // Every rank must cut the columns alike (flags are per chunk): the fewest any rank takes.
   int fewest = cols;
   detail::check_mpi(MPI_Allreduce(&cols, &fewest, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
@@ -304,10 +284,8 @@ std::shared_ptr<PeerExchange> make_peer_exchange(MPI_Comm comm, const BlockTreeR
                                " blocks of partial sums do not fit a team's scratch even a column at a time; use "
                                "larger block_rows or no peer_exchange");
   const int chunks = static_cast<int>(chunks_of(fewest));  // fewest > 0: agree threw otherwise
-  const long long timeout_env = peer_env_positive("DPMLP_PEER_TIMEOUT_S");
-  const long long timeout_s = timeout_env > 0 ? timeout_env : 60;
   const std::size_t data = 2 * std::size_t(plan.size()) * plan.slots() * r.width() * sizeof(Scalar);
-  return std::make_shared<PeerExchange>(comm, data, chunks, fewest, sms, timeout_s * 1000000000LL);
+  return std::make_shared<PeerExchange>(comm, data, chunks, fewest, sms, static_cast<long long>(timeout_s * 1e9));
 }
 
 // One step's reduction through the exchange: the local subtrees of `partials` (local_blocks x width, left
@@ -415,8 +393,8 @@ void reduce_apply_peer(const ExecSpace& space, const BlockTreeReducer<ExecSpace,
         }
         team.team_barrier();
         // 3. One system-scope fence after the barrier orders every thread's writes above before the flags
-        // (fences are cumulative; measured: 14.7 against 16.9 us a call with a fence in every thread and
-        // release stores), then the wait for every rank's flag.
+        // (fences are cumulative: cheaper than a fence in every thread with release stores), then the wait
+        // for every rank's flag.
         if (me == 0) {
           peer_fence_system();
           for (int q = 0; q < L.size; ++q) {
@@ -461,7 +439,7 @@ void reduce_apply_peer(const ExecSpace& space, const BlockTreeReducer<ExecSpace,
   static const bool two_by_registers =
       compat::light_weight(policy(space, 1, 256)).team_size_max(body, Kokkos::ParallelForTag()) >= 512;
   const bool two = two_by_registers && 2 * (bytes + (256 + 2) * sizeof(double) + 8 + 1024) <=
-                                           static_cast<std::size_t>(tensor_device().smem_sm);
+                                           static_cast<std::size_t>(cuda_device().smem_sm);
   const int resident = two ? 2 : 1;
   const int teams = L.chunks < resident * L.sms ? L.chunks : resident * L.sms;
   // Light-weight (compat::light_weight): the functor holds the trainer's update.
@@ -470,27 +448,7 @@ void reduce_apply_peer(const ExecSpace& space, const BlockTreeReducer<ExecSpace,
   Kokkos::parallel_for("dpmlp::tree_peer_exchange", grid, body);
 }
 
-#else  // !KOKKOS_ENABLE_CUDA
-
-template <class ExecSpace, class Scalar>
-std::string peer_exchange_unsupported() {
-  return "it needs a CUDA build of Kokkos (Kokkos::Cuda)";
-}
-class PeerExchange {
- public:
-  std::string failure() const { return {}; }
-  void busy() {}
-  void quiet() {}
-};
-template <class ExecSpace, class Scalar>
-std::shared_ptr<PeerExchange> make_peer_exchange(MPI_Comm, const BlockTreeReducer<ExecSpace, Scalar>&) {
-  return nullptr;
-}
-template <class ExecSpace, class Scalar, class F>
-void reduce_apply_peer(const ExecSpace&, const BlockTreeReducer<ExecSpace, Scalar>&,
-                       const typename BlockTreeReducer<ExecSpace, Scalar>::matrix&, const PeerExchange&, const F&) {}
-
-#endif  // KOKKOS_ENABLE_CUDA
-
 }  // namespace backend
 }  // namespace dpmlp
+
+#endif  // KOKKOS_ENABLE_CUDA

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// dpmlp/detail/fused_one_hidden.hpp: forward and backward of a one-hidden-layer MLP in one kernel.
+// dpmlp/engine/fused_simt.hpp: the fused engine: forward and backward of a one-hidden-layer MLP in one SIMT
+// kernel, on any space.
 //
-// Why: the layered engine (mlp.hpp) runs a dozen kernels a step (GEMMs, bias and activation, residual,
-// gradient GEMMs, bias sums) and round-trips the hidden activations and deltas through global memory.
+// Why: the layered engine (engine/block_engine.hpp) runs a dozen kernels a step (GEMMs, bias and activation,
+// residual, gradient GEMMs, bias sums) and round-trips the hidden activations and deltas through global memory.
 // On a GPU at the seed's size (10k rows a rank) a step is then launch-latency bound, and at 256 hidden units
 // it is memory bound. Here one team owns one reduction block: it keeps W0, the block's rows (a chunk at a
 // time), their hidden activations and deltas, and the block's gradient accumulators in team scratch
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "dpmlp/activation.hpp"
+#include "dpmlp/engine/row_window.hpp"
 #include "dpmlp/errors.hpp"
 #include "dpmlp/kokkos_compat.hpp"
 
@@ -37,45 +39,7 @@
 
 namespace dpmlp {
 
-// Which per-block engine computes the gradient partials.
-//   fused    this file's kernel: one kernel a step for one-hidden-layer models, fp32 FMA (any space)
-//   tensor   the same kernel's work on NVIDIA tensor cores in fp32-equivalent 3xTF32
-//            (backend/cuda_tensor_core.hpp; CUDA spaces, float, compute capability 8.0 or newer)
-//   layered  a kernel (or GEMM) per layer and phase; any depth, any space
-//   automatic  tensor where it can run, else fused on device spaces when the model qualifies, else layered
-//            (host spaces: the layered GEMMs are Eigen's)
-enum class Engine { automatic, fused, layered, tensor };
-
-inline const char* engine_name(Engine e) {
-  switch (e) {
-    case Engine::automatic: return "automatic";
-    case Engine::fused: return "fused";
-    case Engine::layered: return "layered";
-    case Engine::tensor: return "tensor";
-  }
-  return "?";
-}
-
-// "automatic", "fused", "tensor" or "layered" -> the Engine; anything else -> InputError.
-inline Engine engine_from_name(const std::string& name) {
-  for (Engine e : {Engine::automatic, Engine::fused, Engine::layered, Engine::tensor}) {
-    if (name == engine_name(e)) return e;
-  }
-  throw InputError("unknown engine '" + name + "' (automatic, fused, tensor or layered)");
-}
-
 namespace detail {
-
-// The rows a step learns from: all of the shard's rows (position == nullptr), or those whose position in the
-// epoch's order (one int64 a shard row) falls in [lo, hi): a mini-batch. A row outside contributes exact
-// zeros (its residual is not computed), so a batch's sums have the shape of the full batch's.
-struct RowWindow {
-  const std::int64_t* position = nullptr;
-  std::int64_t lo = 0, hi = 0;
-  KOKKOS_INLINE_FUNCTION bool contains(std::int64_t r) const {
-    return position == nullptr || (position[r] >= lo && position[r] < hi);
-  }
-};
 
 // Team scratch, in elements, in the order the kernel carves it:
 //   [w0s NI*HP] b0s HP | w1s HP*NO | b1s 4 | xs C*NI | ys, ds, sqs 3*C*NO | hs, dhs 2*C*HP |

@@ -1,40 +1,23 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// dpmlp/backend/cuda_graph.hpp: capturing one training step as a CUDA graph and replaying it.
-//
-// At small sizes a step is a dozen short kernels plus a collective, and launch latency, not arithmetic,
-// sets the time. Captured once (the Kokkos kernels and the NCCL collective all go to the execution space's
-// stream) and replayed, a step costs one graph launch. Only stream-ordered communicators can be captured:
-// MPI blocks the host inside the step.
-//
-// StepGraph<ExecSpace> is a no-op type for every space but Kokkos::Cuda, so the trainer needs no #ifdef.
+// dpmlp/backend/cuda/graph.hpp: a training step captured as a CUDA graph and replayed (StepGraph<Kokkos::Cuda>;
+// backend/step_graph.hpp says why).
 #pragma once
 
+#include "dpmlp/backend/step_graph.hpp"
+
+#if defined(KOKKOS_ENABLE_CUDA)
+
+#include <exception>
 #include <string>
 #include <utility>
 
-#include "dpmlp/errors.hpp"
-#include "dpmlp/kokkos_compat.hpp"
-
-#if defined(KOKKOS_ENABLE_CUDA)
 #include <cuda_runtime.h>
-#endif
+
+#include "dpmlp/errors.hpp"
 
 namespace dpmlp {
 namespace backend {
 
-template <class ExecSpace>
-class StepGraph {
- public:
-  static constexpr bool supported = false;
-  bool ready() const { return false; }
-  template <class F>
-  std::string capture(const ExecSpace&, F&&) {
-    return "CUDA graphs need Kokkos::Cuda";
-  }
-  void launch(const ExecSpace&) const {}
-};
-
-#if defined(KOKKOS_ENABLE_CUDA)
 template <>
 class StepGraph<Kokkos::Cuda> {
  public:
@@ -51,7 +34,8 @@ class StepGraph<Kokkos::Cuda> {
     }
     return *this;
   }
-  // Destroyed before the communicator it captured (NCCL teardown hung when a graph outlived its comm).
+  // Destroyed before the communicator it captured: NCCL's teardown can wait forever for a graph that
+  // outlives its communicator.
   ~StepGraph() { reset(); }
 
   bool ready() const { return exec_ != nullptr; }
@@ -100,7 +84,8 @@ class StepGraph<Kokkos::Cuda> {
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
 };
-#endif
 
 }  // namespace backend
 }  // namespace dpmlp
+
+#endif  // KOKKOS_ENABLE_CUDA

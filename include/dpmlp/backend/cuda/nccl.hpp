@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// dpmlp/comm/nccl.hpp: the NCCL communicator (Kokkos::Cuda), and default_communicator_t.
+// dpmlp/backend/cuda/nccl.hpp: the NCCL communicator (Kokkos::Cuda).
 //
 // NcclCommunicator has MpiCommunicator's interface, but its collectives are stream-ordered: each one is
 // enqueued on the Kokkos execution space's CUDA stream and the call returns at once, before any data moved.
@@ -15,11 +15,11 @@
 //
 // Teardown: a CUDA graph that captured NCCL collectives must be destroyed (cudaGraphExecDestroy and
 // cudaGraphDestroy) before the communicator is; otherwise ncclCommDestroy can wait forever for work the graph
-// still references (teardown hung that way in an earlier experiment on this machine).
+// still references.
 //
-// This header is harmless everywhere: without KOKKOS_ENABLE_CUDA and DPMLP_HAVE_NCCL it only defines
-// default_communicator_t (as MpiCommunicator). DPMLP_HAS_NCCL_COMMUNICATOR says whether NcclCommunicator is
-// there.
+// Include dpmlp/comm/communicator.hpp rather than this header: this one is empty unless KOKKOS_ENABLE_CUDA and
+// DPMLP_HAVE_NCCL are both defined (CMake defines the latter when it finds NCCL), and then defines
+// DPMLP_HAS_NCCL_COMMUNICATOR.
 #pragma once
 
 #include <type_traits>
@@ -104,7 +104,7 @@ class NcclCommunicator {
     // because ncclCommInitRank binds the communicator to the current device.
     detail::check_cuda(cudaSetDevice(Kokkos::Cuda().cuda_device()), "cudaSetDevice");
 
-    // Two ranks on one GPU hang ncclCommInitRank (3 ranks on a 2-GPU H200 machine never returned). One
+    // Two ranks on one GPU hang ncclCommInitRank (more ranks than GPUs never return from it). One
     // allgather of the GPU UUIDs turns that into an error that every rank throws.
     const int gpus = count_physical_devices<Kokkos::Cuda>(comm_.get(), false, Kokkos::Cuda());
     if (gpus != size()) {
@@ -240,20 +240,6 @@ class NcclCommunicator {
   OwnedComm comm_;
   ncclComm_t nccl_ = nullptr;
 };
-
-// The communicator dpmlp uses on ExecSpace unless told otherwise: NCCL on CUDA, MPI everywhere else.
-template <class ExecSpace>
-using default_communicator_t =
-    std::conditional_t<std::is_same<ExecSpace, Kokkos::Cuda>::value, NcclCommunicator, MpiCommunicator>;
-
-}  // namespace dpmlp
-
-#else  // no NCCL: MPI is the only communicator
-
-namespace dpmlp {
-
-template <class ExecSpace>
-using default_communicator_t = MpiCommunicator;
 
 }  // namespace dpmlp
 

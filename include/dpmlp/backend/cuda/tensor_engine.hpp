@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// dpmlp/backend/cuda/tensor_engine.hpp: the tensor engine's entry point on CUDA: one step's per-block partial
+// sums by the kernel the plan chose (engine/plan.hpp), instantiated for the model's padded shape.
+//
+// Every kernel computes exactly what the SIMT fused kernel computes (the same per-block partial sums, in the
+// parameter layout, for the same block tree), each with its own fixed summation shapes: every sum depends only
+// on the block's rows and the model's widths, so a step's bits do not depend on the rank count. Each kernel is
+// launched on the Kokkos::Cuda instance's stream (so CUDA-graph capture and stream order are kept) by CUDA's
+// own launch: Kokkos caps team scratch at 48 KB, and they need more shared memory (up to ~150 KB a block).
+#pragma once
+
+#include <Kokkos_Core.hpp>
+
+#if defined(KOKKOS_ENABLE_CUDA)
+
+#include <string>
+#include <type_traits>
+
+#include "dpmlp/backend/cuda/tensor_mma.hpp"
+#include "dpmlp/backend/cuda/tensor_pair.hpp"
+#include "dpmlp/backend/cuda/tensor_shapes.hpp"
+#include "dpmlp/backend/cuda/tensor_wmma.hpp"
+#include "dpmlp/errors.hpp"
+
+namespace dpmlp {
+namespace backend {
+
+// One step's per-block partial sums on tensor cores, by p.kernel. group: blocks a row of partials sums (1, or
+// mma_group_blocks for the register-resident kernels at 32 or fewer hidden units and one output).
+inline void compute_tensor(const Kokkos::Cuda& space, const TensorProblem& p, int group = 1) {
+  if (p.rows == 0 || p.blocks == 0) return;
+  const bool resident = p.kernel != TensorLaunch::warp_matrix;
+  if (group != 1 && (!resident || group != mma_group_blocks || tensor_hp(p.H) != 32 || p.NO != 1)) {
+    throw Error("dpmlp: tensor engine: a group of " + std::to_string(group) + " blocks a partial-sum row, which " +
+                "only the register-resident kernel takes, as 8, at 32 or fewer hidden units and one output");
+  }
+  const bool narrow = tensor_ni(p.n_in) == 32;
+  const auto launch = [&](auto hp) {
+    constexpr int HP = decltype(hp)::value;
+    if (resident) {
+      if (p.kernel == TensorLaunch::register_resident_paired) return launch_tensor_pair<HP>(space, p, group);
+      if (p.NO == 1) return launch_tensor_mma<HP, 1>(space, p, group);
+      return launch_tensor_mma<HP, 4>(space, p, group);
+    }
+    if (narrow) return launch_tensor<32, HP>(space, p);
+    return launch_tensor<64, HP>(space, p);
+  };
+  switch (tensor_hp(p.H)) {
+    case 32: return launch(std::integral_constant<int, 32>());
+    case 64: return launch(std::integral_constant<int, 64>());
+    case 128: return launch(std::integral_constant<int, 128>());
+    default: return launch(std::integral_constant<int, 256>());
+  }
+}
+
+}  // namespace backend
+}  // namespace dpmlp
+
+#endif  // KOKKOS_ENABLE_CUDA

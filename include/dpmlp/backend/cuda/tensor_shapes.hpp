@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// dpmlp/backend/cuda/tensor_shapes.hpp: the tensor engine's kernels as the planner sees them: their padded
+// shapes, the shared memory each takes, and the problem a launch is given. Plain C++ with no CUDA in it, so
+// engine/plan.hpp can decide which kernel runs (and tests can check that decision) on any build; the kernels
+// (tensor_wmma.hpp, tensor_mma.hpp, tensor_pair.hpp) carve their shared memory by these same formulas.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "dpmlp/activation.hpp"
+#include "dpmlp/engine/row_window.hpp"
+#include "dpmlp/kokkos_compat.hpp"
+
+namespace dpmlp {
+namespace backend {
+
+// The padded shape for a model: inputs to 32 or 64, hidden units to a power of two in [32, 256].
+inline int tensor_ni(int inputs) { return inputs <= 32 ? 32 : 64; }
+inline int tensor_hp(int hidden) {
+  int hp = 32;
+  while (hp < hidden) hp *= 2;
+  return hp;
+}
+
+// ---- the warp-matrix kernel (tensor_wmma.hpp)
+inline constexpr int tensor_chunk = 64;  // rows a block holds at once
+
+// Shared memory a block, in bytes, for padded shape (ni, hp) and `no` outputs: W0 (ni x (hp + 4)), b0 (hp),
+// W1 (hp x no), the chunk's x (64 x (ni + 4)), its h / dZ (64 x (hp + 4)), which also stages the block's
+// sums at the end, and its output deltas (64 x no). Rows padded by 4 floats make the fragment loads
+// conflict-free; 128 bytes align the start.
+inline std::size_t tensor_scratch_bytes(int ni, int hp, int no) {
+  const std::size_t C = tensor_chunk;
+  return (std::size_t(ni) * (hp + 4) + hp + std::size_t(hp) * no + C * (ni + 4) + C * (hp + 4) + C * no) *
+             sizeof(float) +
+         128;
+}
+
+// ---- the register-resident kernel (tensor_mma.hpp), 32 or fewer inputs
+
+// Whether a model takes the register-resident kernel's mask form of the backward: one output and an
+// activation whose derivative is 0 or 1 (relu, identity); TensorMmaKernel::masked_grad says what it is. The
+// paired schedule needs it too.
+KOKKOS_INLINE_FUNCTION constexpr bool mask_form(int outputs, Activation a) {
+  return outputs == 1 && (a == Activation::relu || a == Activation::identity);
+}
+
+inline constexpr int mma_batch_rows = 32;  // rows a team takes at once
+inline constexpr int mma_stages = 3;       // x batches a team keeps in flight
+inline constexpr int mma_group_blocks = 8;  // blocks a grouped CTA sums (its eight one-warp teams at 32 units)
+
+// Shared memory of the register-resident kernel, in bytes: per team, mma_stages x batches (32 x 36 floats:
+// rows padded by 4 make both fragment reads conflict-free) and the output exchange (WH x 32 x no); the split
+// W0^T fragments (hp x 32 x 2); per thread of the 256, two parked arrays of 32 floats (the gW0^T
+// accumulators and the next batch's pre-activations, between their uses); and, when grouped, each team's
+// block sums (32 hp + hp + hp no + no + 1 floats), which the group's teams add up.
+inline std::size_t mma_scratch_bytes(int hp, int no, bool grouped = false) {
+  const std::size_t wh = hp / 32, teams = 8 / wh, parked = 2 * 256 * 32;
+  const std::size_t staged = grouped ? teams * (std::size_t(33 + no) * hp + no + 1) : 0;
+  return (teams * mma_stages * mma_batch_rows * 36 + teams * wh * mma_batch_rows * no + std::size_t(hp) * 32 * 2 +
+          parked + staged) *
+             sizeof(float) +
+         128;
+}
+
+// ---- the paired schedule (tensor_pair.hpp)
+
+// How F hands B a batch's 0/1 mask: as bits (one word a lane) at 32 padded hidden units, where the words would
+// leave room for three ring slots only, which was slower; as words (two values a word) from 64, where the
+// shared memory allows and unpacking costs B a shift a pair instead of three instructions a value.
+inline constexpr bool mma_pair_mask_words(int hp) { return hp != 32; }
+// Slots a team's ring holds: F runs up to that less one batches ahead of B.
+inline constexpr int mma_pair_slots = 4;
+// Words a pair's handoff slot holds: each row's delta (32), the mask (32 bit words, or 16 words a lane), and at
+// a block's last batch F's finished sums (b0 and W1 for its 32 units, b1, the loss: 66), padded to a multiple
+// of 4.
+inline constexpr int mma_pair_mask_size(int hp) { return mma_pair_mask_words(hp) ? 16 * 32 : 32; }
+inline constexpr int mma_pair_words(int hp) { return (32 + mma_pair_mask_size(hp) + 66 + 3) / 4 * 4; }
+
+// Shared memory of the paired kernel, in bytes, at hp padded hidden units: the mbarriers (teams x R x 2), then
+// per team R batches of x (32 x 36 floats), the split W0^T fragments (hp x 32 x 2), the 8 pairs' handoff slots
+// (R x words each), the output exchange (32 rows x WH a team) and, grouped, each team's block sums (the
+// register-resident kernel's stage).
+inline std::size_t mma_pair_scratch_bytes(int hp, bool grouped) {
+  const std::size_t wh = hp / 32, teams = 8 / wh, staged = grouped ? teams * (34 * 32 + 2) : 0;
+  const std::size_t r = mma_pair_slots, hw = mma_pair_words(hp);
+  return 128 + teams * r * 2 * sizeof(std::uint64_t) +
+         (teams * r * mma_batch_rows * 36 + std::size_t(hp) * 32 * 2 + 8 * r * hw + 8 * mma_batch_rows + staged) *
+             sizeof(float);
+}
+
+// ---- a launch
+
+// Which kernel a launch runs (the plan's choice).
+enum class TensorLaunch { warp_matrix, register_resident, register_resident_paired };
+
+// What the tensor engine needs to run a step: the model's shape and parameter offsets, the data, where the
+// partial sums go (one row of `ld` a block, or a group of blocks: compute_tensor's group), and which kernel.
+// The kernels take it as their base, so its layout is part of theirs.
+struct TensorProblem {
+  const float* x = nullptr;  // rows x n_in, row-major
+  const float* y = nullptr;  // rows x NO, row-major
+  const float* params = nullptr;
+  float* partials = nullptr;  // ceil(blocks / group) x ld; the last column: the sum of squared residuals
+  std::int64_t ld = 0, rows = 0, block = 0, blocks = 0;
+  int n_in = 0, H = 0, NO = 1;
+  std::int64_t w0off = 0, b0off = 0, w1off = 0, b1off = 0;
+  float scale = 1;
+  Activation act = Activation::relu;
+  detail::RowWindow window;
+  TensorLaunch kernel = TensorLaunch::warp_matrix;
+};
+
+}  // namespace backend
+}  // namespace dpmlp

@@ -1,0 +1,432 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// dpmlp/engine/block_engine.hpp: the per-step engine that runs an EnginePlan (engine/plan.hpp): forward and
+// backward over one rank's rows, producing per-block partial sums (the gradient and the sum of squared
+// residuals) for the block tree. It dispatches to the layered engine (below: a GEMM and an element-wise kernel
+// per layer and phase, any depth, any space), the fused SIMT kernel (engine/fused_simt.hpp) or the tensor
+// engine (backend/cuda/tensor_engine.hpp), and reads what a space offers the planner (engine_caps).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "dpmlp/activation.hpp"
+#include "dpmlp/backend/cuda/device.hpp"
+#include "dpmlp/backend/cuda/tensor_engine.hpp"
+#include "dpmlp/engine/fused_simt.hpp"
+#include "dpmlp/engine/options.hpp"
+#include "dpmlp/engine/plan.hpp"
+#include "dpmlp/engine/row_window.hpp"
+#include "dpmlp/errors.hpp"
+#include "dpmlp/kokkos_compat.hpp"
+#include "dpmlp/linalg/gemm.hpp"
+#include "dpmlp/mlp.hpp"
+
+namespace dpmlp {
+
+template <class Scalar, class MemorySpace>
+ModelShape model_shape(const Mlp<Scalar, MemorySpace>& model) {
+  return ModelShape{model.widths(), model.activation(), sizeof(Scalar)};
+}
+
+namespace detail {
+
+// The per-step engine. Holds every buffer, so a step allocates nothing. Rows are processed block by block with
+// fixed shapes (the plan's block rows; the shard's last block may be short), so each block's partial sums have
+// the same bits wherever the block lives.
+template <class ExecSpace, class Scalar>
+class BlockEngine {
+ public:
+  using memory_space = typename ExecSpace::memory_space;
+  using matrix = Kokkos::View<Scalar**, Kokkos::LayoutRight, memory_space>;
+  using const_matrix = Kokkos::View<const Scalar**, Kokkos::LayoutRight, memory_space>;
+
+  // Whether this space and scalar have a tensor engine at all (CUDA, float).
+#if defined(KOKKOS_ENABLE_CUDA)
+  static constexpr bool tensor_space = std::is_same_v<ExecSpace, Kokkos::Cuda> && std::is_same_v<Scalar, float>;
+#else
+  static constexpr bool tensor_space = false;
+#endif
+
+  BlockEngine() = default;
+  // An engine for `rows` rows (this rank's shard) that runs `plan`.
+  BlockEngine(const Mlp<Scalar, memory_space>& model, std::int64_t rows, const EnginePlan& plan)
+      : model_(model), rows_(rows), block_(plan.block_rows), group_(plan.leaf_group), gemm_(plan.gemm), plan_(plan) {
+    if (plan.engine == Engine::automatic) throw std::logic_error("dpmlp::BlockEngine: an unresolved plan");
+    if (group_ != 1 && !plan.register_resident()) {
+      throw InputError("dpmlp: a group of " + std::to_string(group_) +
+                       " blocks a partial-sum row needs the tensor engine's register-resident kernel");
+    }
+    blocks_ = (rows + block_ - 1) / block_;
+    width_ = static_cast<std::int64_t>(model.num_params()) + 1;
+    partials_ = matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::partials"),
+                       (blocks_ + group_ - 1) / group_, width_);
+    if (plan.engine == Engine::fused) layout_ = fused_layout(model);  // its shape is fixed now
+    // The fused kernels keep their activations in team scratch.
+    if (plan.engine == Engine::fused || plan.engine == Engine::tensor) return;
+    int widest = 0;
+    for (int w : model.widths()) widest = w > widest ? w : widest;
+    for (int l = 1; l <= model.layers(); ++l) {
+      acts_.push_back(matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::activations"), rows,
+                             model.widths()[l]));
+    }
+    delta_[0] = matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::delta0"), rows, widest);
+    delta_[1] = matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::delta1"), rows, widest);
+    row_scratch_ = Kokkos::View<Scalar*, memory_space>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::rows"),
+                                                       rows);
+  }
+
+  // What this space (and its device) offers the planner for `model`.
+  static EngineCaps caps(const Mlp<Scalar, memory_space>& model) {
+    EngineCaps c;
+    c.host_space = is_host_space<ExecSpace>();
+    c.tensor_unavailable = "the tensor engine runs on CUDA execution spaces in float only";
+#if defined(KOKKOS_ENABLE_CUDA)
+    if constexpr (std::is_same_v<ExecSpace, Kokkos::Cuda>) {
+      const backend::CudaDevice& d = backend::cuda_device();
+      c.multiprocessors = d.sms;
+      c.shared_memory_optin = static_cast<std::size_t>(d.smem_optin > 0 ? d.smem_optin : 0);
+      if constexpr (tensor_space) c.tensor_unavailable = backend::tensor_cores_unavailable();
+    }
+#endif
+    c.team_scratch = max_scratch_bytes();
+    if (!c.host_space && fused_one_hidden_unsupported(model.widths()).empty()) {
+      const FusedLayout lay = fused_layout(model);
+      if (lay.fits) {
+        c.fused_team_size = model.inputs() <= 32 ? fused_team_size_max<32>(model, lay)
+                                                 : fused_team_size_max<64>(model, lay);
+      }
+    }
+    c.gemm_reproducible = linalg::default_backend<ExecSpace>(true);
+    c.gemm_fast = linalg::default_backend<ExecSpace>(false);
+    return c;
+  }
+
+  // The plan for `model` on this space (engine/plan.hpp), for steps over `global_rows` rows on `ranks` ranks.
+  static EnginePlan plan(const Mlp<Scalar, memory_space>& model, const EngineOptions& options, bool reproducible,
+                         std::int64_t global_rows, int ranks) {
+    return plan_engine(model_shape(model), caps(model), options, reproducible, global_rows, ranks);
+  }
+
+  // Team scratch: level 0 (shared memory on a GPU); host spaces, where both levels are plain memory, may
+  // also use level 1, which is larger.
+  static std::size_t max_scratch_bytes() {
+    using policy = Kokkos::TeamPolicy<ExecSpace>;
+    const auto l0 = static_cast<std::size_t>(policy::scratch_size_max(0));
+    const auto l1 = static_cast<std::size_t>(policy::scratch_size_max(1));
+    return is_host_space<ExecSpace>() && l1 > l0 ? l1 : l0;
+  }
+  static FusedLayout fused_layout(const Mlp<Scalar, memory_space>& model) {
+    return FusedLayout(model.inputs(), model.widths()[1], model.outputs(), is_host_space<ExecSpace>(),
+                       max_scratch_bytes(), sizeof(Scalar));
+  }
+
+  template <int NI>
+  using fused_kernel = FusedOneHiddenKernel<ExecSpace, Scalar, NI, is_host_space<ExecSpace>()>;
+
+  template <int NI>
+  static fused_kernel<NI> make_fused_kernel(const Mlp<Scalar, memory_space>& model, const FusedLayout& lay) {
+    using kernel_t = fused_kernel<NI>;
+    kernel_t k{};
+    k.ld = static_cast<std::int64_t>(model.num_params()) + 1;
+    k.n_in = model.inputs();
+    k.H = model.widths()[1];
+    k.NO = model.outputs();
+    k.HP = lay.hp;
+    k.NJ = lay.hp / kernel_t::TJ;
+    k.C = lay.chunk;
+    k.TR = lay.chunk * k.NJ / kernel_t::T;
+    k.IPT = NI * k.NJ / kernel_t::T;
+    k.w0_shared = lay.w0_shared;
+    k.w0off = static_cast<std::int64_t>(model.weight_offset(0));
+    k.b0off = static_cast<std::int64_t>(model.bias_offset(0));
+    k.w1off = static_cast<std::int64_t>(model.weight_offset(1));
+    k.b1off = static_cast<std::int64_t>(model.bias_offset(1));
+    k.loss_col = k.ld - 1;
+    k.act = model.activation();
+    k.params = model.params().data();
+    const std::size_t l0 = static_cast<std::size_t>(Kokkos::TeamPolicy<ExecSpace>::scratch_size_max(0));
+    k.level = k.scratch_bytes() <= l0 ? 0 : 1;  // a device kernel always uses 0 (fused_layout fits it there)
+    return k;
+  }
+
+
+  template <int NI>
+  static int fused_team_size_max(const Mlp<Scalar, memory_space>& model, const FusedLayout& lay) {
+    auto k = make_fused_kernel<NI>(model, lay);
+    typename fused_kernel<NI>::policy policy(1, 1);
+    policy.set_scratch_size(k.level, Kokkos::PerTeam(k.scratch_bytes()));
+    return policy.team_size_max(k, Kokkos::ParallelForTag());
+  }
+
+  const EnginePlan& engine_plan() const { return plan_; }
+  Engine engine() const { return plan_.engine; }
+  std::int64_t width() const { return width_; }
+  std::int64_t blocks() const { return blocks_; }
+  int group() const { return group_; }
+  const matrix& partials() const { return partials_; }
+  const matrix& output() const { return acts_.back(); }
+
+
+  // Forward pass over x (rows x inputs) into the activations; the last is the prediction.
+  void forward(const ExecSpace& space, const const_matrix& x) const {
+    const_matrix in = x;
+    for (int l = 0; l < model_.layers(); ++l) {
+      const int n_in = model_.widths()[l], n_out = model_.widths()[l + 1];
+      const matrix out = acts_[l];
+      blocked_gemm(space, linalg::Op::N, linalg::Op::N, n_out, n_in, in.data(), n_in, model_.weight(l).data(), n_out,
+                   0, out.data(), n_out, std::int64_t(block_) * n_out, block_ * n_in);
+      const Activation act = l + 1 == model_.layers() ? Activation::identity : model_.activation();
+      const auto bias = model_.bias(l);
+      for_each_element(space, "dpmlp::bias_activation", rows_, n_out, KOKKOS_LAMBDA(const std::int64_t r, const int j) {
+        out(r, j) = activate(act, out(r, j) + bias(j));
+      });
+      in = out;
+    }
+  }
+
+  // Forward and backward: fills partials() with, per block (per group of group() blocks), the gradient of
+  // scale * sum(residual^2) (in the parameter layout) and, in the last column, the plain sum of squared
+  // residuals.
+  // window: the rows to learn from (a mini-batch), default all.
+  void compute(const ExecSpace& space, const const_matrix& x, const const_matrix& y, Scalar scale,
+               const RowWindow& window = RowWindow()) const {
+    if (rows_ == 0) return;
+    if (plan_.engine == Engine::tensor) {
+      compute_tensor(space, x, y, scale, window);
+      return;
+    }
+    if (plan_.engine == Engine::fused) {
+      if (model_.inputs() <= 32) {
+        compute_fused<32>(space, x, y, scale, window);
+      } else {
+        compute_fused<64>(space, x, y, scale, window);
+      }
+      return;
+    }
+    forward(space, x);
+    const int L = model_.layers();
+    const int n_out = model_.outputs();
+    const std::int64_t W = width_;
+    const std::int64_t block = block_;
+    const std::int64_t rows = rows_;
+    const auto pred = acts_.back();
+    const matrix delta = delta_[(L - 1) % 2];
+    const matrix part = partials_;
+    // Residuals and the output delta (scale * 2 r: the gradient of scale * r^2), one thread a row; then,
+    // per block, the sum of r^2 in row order. Two kernels, so the summing loop only reads and its loads can
+    // be in flight together (a store in the loop would serialize them on a GPU).
+    const auto sq = row_scratch_;
+    Kokkos::parallel_for(
+        "dpmlp::residual", Kokkos::RangePolicy<ExecSpace>(space, 0, rows), KOKKOS_LAMBDA(const std::int64_t r) {
+          Scalar sum = Scalar(0);
+          const bool in = window.contains(r);
+          for (int j = 0; j < n_out; ++j) {
+            const Scalar res = in ? pred(r, j) - y(r, j) : Scalar(0);
+            sum += res * res;
+            delta(r, j) = Scalar(2) * scale * res;
+          }
+          sq(r) = sum;
+        });
+    Kokkos::parallel_for(
+        "dpmlp::loss_blocks", Kokkos::RangePolicy<ExecSpace>(space, 0, blocks_), KOKKOS_LAMBDA(const std::int64_t b) {
+          Scalar sum = Scalar(0);
+          const std::int64_t end = (b + 1) * block < rows ? (b + 1) * block : rows;
+          std::int64_t r = b * block;
+          for (; r + 8 <= end; r += 8) {  // loads in flight together; the order of the sum is unchanged
+            Scalar v[8];
+            for (int u = 0; u < 8; ++u) v[u] = sq(r + u);
+            for (int u = 0; u < 8; ++u) sum += v[u];
+          }
+          for (; r < end; ++r) sum += sq(r);
+          part(b, W - 1) = sum;
+        });
+    for (int l = L - 1; l >= 0; --l) {
+      const int n_in = model_.widths()[l], n_o = model_.widths()[l + 1];
+      const matrix d = delta_[l % 2];
+      const Scalar* a_prev = l == 0 ? x.data() : acts_[l - 1].data();
+      const int ld_d = static_cast<int>(d.extent(1));
+      // dW_l[block] = A_{l-1}[block]^T * delta_l[block]  (n_in x n_o, summed over the block's rows)
+      blocked_weight_grad(space, n_in, n_o, a_prev, d.data(), ld_d, model_.weight_offset(l));
+      // db_l[block] = sum over the block's rows of delta_l, in row order
+      const std::int64_t boff = static_cast<std::int64_t>(model_.bias_offset(l));
+      Kokkos::parallel_for(
+          "dpmlp::bias_grad", Kokkos::RangePolicy<ExecSpace>(space, 0, blocks_ * n_o),
+          KOKKOS_LAMBDA(const std::int64_t idx) {
+            const std::int64_t b = idx / n_o;
+            const int j = static_cast<int>(idx % n_o);
+            const std::int64_t end = (b + 1) * block < rows ? (b + 1) * block : rows;
+            Scalar sum = Scalar(0);
+            std::int64_t r = b * block;
+            for (; r + 8 <= end; r += 8) {  // loads in flight together; the order of the sum is unchanged
+              Scalar v[8];
+              for (int u = 0; u < 8; ++u) v[u] = d(r + u, j);
+              for (int u = 0; u < 8; ++u) sum += v[u];
+            }
+            for (; r < end; ++r) sum += d(r, j);
+            part(b, boff + j) = sum;
+          });
+      if (l == 0) break;
+      // delta_{l-1} = (delta_l * W_l^T) .* act'(A_{l-1})
+      const matrix dn = delta_[(l - 1) % 2];
+      const int ld_dn = static_cast<int>(dn.extent(1));
+      blocked_gemm(space, linalg::Op::N, linalg::Op::T, n_in, n_o, d.data(), ld_d, model_.weight(l).data(), n_o, 0,
+                   dn.data(), ld_dn, block * ld_dn, block * ld_d);
+      const auto a = acts_[l - 1];
+      const Activation act = model_.activation();
+      for_each_element(space, "dpmlp::activation_grad", rows, n_in, KOKKOS_LAMBDA(const std::int64_t r, const int i) {
+        dn(r, i) *= activate_grad_from_output(act, a(r, i));
+      });
+    }
+  }
+
+  // f(r, j) over a rows x cols LayoutRight matrix. Host spaces: a 2-D range, no per-element index division
+  // (a 64-bit division is the costliest thing in such a loop on a CPU). Device spaces: a flat range, so
+  // consecutive threads touch consecutive columns (coalesced); Kokkos's CUDA MDRange does not map the
+  // fastest index to the warp, which made the layered engine several times slower at large sizes.
+  template <class F>
+  static void for_each_element(const ExecSpace& space, const char* label, std::int64_t rows, int cols, const F& f) {
+    if constexpr (is_host_space<ExecSpace>()) {
+      using md_policy_t = Kokkos::MDRangePolicy<ExecSpace, Kokkos::Rank<2, Kokkos::Iterate::Right, Kokkos::Iterate::Right>,
+                                                Kokkos::IndexType<std::int64_t>>;
+      typename md_policy_t::point_type lower{{0, 0}}, upper{{rows, std::int64_t(cols)}};
+      Kokkos::parallel_for(label, md_policy_t(space, lower, upper),
+                           KOKKOS_LAMBDA(const std::int64_t r, const std::int64_t j) { f(r, static_cast<int>(j)); });
+    } else {
+      Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace>(space, 0, rows * cols),
+                           KOKKOS_LAMBDA(const std::int64_t idx) { f(idx / cols, static_cast<int>(idx % cols)); });
+    }
+  }
+
+  template <int NI>
+  void compute_fused(const ExecSpace& space, const const_matrix& x, const const_matrix& y, Scalar scale,
+                     const RowWindow& window) const {
+    using kernel_t = fused_kernel<NI>;
+    auto k = make_fused_kernel<NI>(model_, layout_);
+    k.x = x.data();
+    k.y = y.data();
+    k.partials = partials_.data();
+    k.rows = rows_;
+    k.block = block_;
+    k.scale = scale;
+    k.window = window;
+    // A device team runs the 256 logical threads at once; a host team of one loops over them.
+    const int team = is_host_space<ExecSpace>() ? 1 : kernel_t::T;
+    auto policy = typename kernel_t::policy(space, static_cast<int>(blocks_), team);
+    policy.set_scratch_size(k.level, Kokkos::PerTeam(k.scratch_bytes()));
+    Kokkos::parallel_for("dpmlp::fused_one_hidden", policy, k);
+  }
+
+  void compute_tensor(const ExecSpace& space, const const_matrix& x, const const_matrix& y, Scalar scale,
+                      const RowWindow& window) const {
+#if defined(KOKKOS_ENABLE_CUDA)
+    if constexpr (tensor_space) {
+      backend::TensorProblem p;
+      p.x = x.data();
+      p.y = y.data();
+      p.params = model_.params().data();
+      p.partials = partials_.data();
+      p.ld = width_;
+      p.rows = rows_;
+      p.block = block_;
+      p.blocks = blocks_;
+      p.n_in = model_.inputs();
+      p.H = model_.widths()[1];
+      p.NO = model_.outputs();
+      p.w0off = static_cast<std::int64_t>(model_.weight_offset(0));
+      p.b0off = static_cast<std::int64_t>(model_.bias_offset(0));
+      p.w1off = static_cast<std::int64_t>(model_.weight_offset(1));
+      p.b1off = static_cast<std::int64_t>(model_.bias_offset(1));
+      p.scale = scale;
+      p.act = model_.activation();
+      p.window = window;
+      p.kernel = plan_.kernel == Kernel::tensor_warp_matrix         ? backend::TensorLaunch::warp_matrix
+                 : plan_.kernel == Kernel::tensor_register_resident ? backend::TensorLaunch::register_resident
+                                                                    : backend::TensorLaunch::register_resident_paired;
+      backend::compute_tensor(space, p, group_);
+      return;
+    }
+#endif
+    (void)space, (void)x, (void)y, (void)scale, (void)window;
+    throw InputError("dpmlp: the tensor engine runs on CUDA execution spaces in float only");
+  }
+
+ private:
+  // Out[rows x n] = In[rows x k] * op(Wt), block by block: the full blocks in one batched call, the short
+  // tail block in another. Wt is shared by all blocks (stride 0).
+  void blocked_gemm(const ExecSpace& space, linalg::Op op_in, linalg::Op op_w, int n, int k, const Scalar* in,
+                    int ld_in, const Scalar* w, int ld_w, std::int64_t stride_w, Scalar* out, int ld_out,
+                    std::int64_t stride_out, std::int64_t stride_in) const {
+    const std::int64_t full = rows_ / block_, tail = rows_ - full * block_;
+    linalg::BatchedGemm<Scalar> g;
+    g.op_a = op_in;
+    g.op_b = op_w;
+    g.n = n;
+    g.k = k;
+    g.a = in;
+    g.lda = ld_in;
+    g.stride_a = stride_in;
+    g.b = w;
+    g.ldb = ld_w;
+    g.stride_b = stride_w;
+    g.c = out;
+    g.ldc = ld_out;
+    g.stride_c = stride_out;
+    g.m = static_cast<int>(block_);
+    g.batch = full;
+    linalg::gemm(space, gemm_, g);
+    if (tail > 0) {
+      g.m = static_cast<int>(tail);
+      g.batch = 1;
+      g.a = in + full * stride_in;
+      g.c = out + full * stride_out;
+      linalg::gemm(space, gemm_, g);
+    }
+  }
+
+  // partials[b][off .. off + n_in*n_o) = A[block b]^T * D[block b]
+  void blocked_weight_grad(const ExecSpace& space, int n_in, int n_o, const Scalar* a, const Scalar* d, int ld_d,
+                           std::size_t off) const {
+    const std::int64_t full = rows_ / block_, tail = rows_ - full * block_;
+    linalg::BatchedGemm<Scalar> g;
+    g.op_a = linalg::Op::T;
+    g.op_b = linalg::Op::N;
+    g.m = n_in;
+    g.n = n_o;
+    g.a = a;
+    g.lda = n_in;
+    g.stride_a = block_ * n_in;
+    g.b = d;
+    g.ldb = ld_d;
+    g.stride_b = block_ * ld_d;
+    g.c = partials_.data() + off;
+    g.ldc = n_o;
+    g.stride_c = width_;
+    g.k = static_cast<int>(block_);
+    g.batch = full;
+    linalg::gemm(space, gemm_, g);
+    if (tail > 0) {
+      g.k = static_cast<int>(tail);
+      g.batch = 1;
+      g.a = a + full * g.stride_a;
+      g.b = d + full * g.stride_b;
+      g.c = partials_.data() + full * width_ + off;
+      linalg::gemm(space, gemm_, g);
+    }
+  }
+
+  Mlp<Scalar, memory_space> model_;
+  std::int64_t rows_ = 0, block_ = 1, blocks_ = 0, width_ = 0;
+  int group_ = 1;  // blocks a row of partials_ sums
+  linalg::Backend gemm_ = linalg::Backend::portable;
+  EnginePlan plan_;
+  FusedLayout layout_;  // the fused kernel's shape (Engine::fused only)
+  matrix partials_;
+  std::vector<matrix> acts_;
+  matrix delta_[2];
+  Kokkos::View<Scalar*, memory_space> row_scratch_;
+};
+
+}  // namespace detail
+}  // namespace dpmlp

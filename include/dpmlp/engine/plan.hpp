@@ -1,0 +1,276 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// dpmlp/engine/plan.hpp: the one place that decides how a step's per-block gradient sums are computed.
+//
+// plan_engine() takes the model's shape, what the execution space and its device offer (EngineCaps), the
+// caller's EngineOptions, the global row count and the rank count, and returns an EnginePlan: the engine, the
+// kernel, the rows a reduction block, the blocks a leaf of the block tree and the layered engine's GEMMs. The
+// trainer, value_and_grad and the ranks' agreement all use that plan. It is a pure function of its arguments
+// (no device, no environment), so a CPU-only build can test every decision it makes for any device.
+//
+// Reproducibility rests on two rules here. The block shape (block_rows, and which kernel family sums a block)
+// is a function of global values only, never of a rank's share, so every rank count sums the same blocks in
+// the same shapes. And the ranks must agree on the plan (the trainer checks; EnginePlan::sums_key is what
+// must match): ranks on different devices could otherwise plan differently and silently break the bits.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dpmlp/activation.hpp"
+#include "dpmlp/backend/cuda/tensor_shapes.hpp"
+#include "dpmlp/engine/fused_simt.hpp"
+#include "dpmlp/engine/options.hpp"
+#include "dpmlp/errors.hpp"
+#include "dpmlp/linalg/gemm.hpp"
+#include "dpmlp/reduction.hpp"
+
+namespace dpmlp {
+
+// The model as the planner sees it.
+struct ModelShape {
+  std::vector<int> widths;  // {inputs, hidden..., outputs}
+  Activation activation = Activation::relu;
+  std::size_t scalar_bytes = sizeof(float);
+  int inputs() const { return widths.front(); }
+  int outputs() const { return widths.back(); }
+  int hidden() const { return widths.size() > 2 ? widths[1] : 0; }  // the first hidden layer's units
+  std::int64_t num_params() const {
+    std::int64_t n = 0;
+    for (std::size_t l = 0; l + 1 < widths.size(); ++l) n += std::int64_t(widths[l]) * widths[l + 1] + widths[l + 1];
+    return n;
+  }
+  // The sums a block produces: every parameter's gradient and the sum of squared residuals.
+  std::int64_t sums_per_block() const { return num_params() + 1; }
+};
+
+// What an execution space (and, for a GPU, its device) offers the engines. engine/block_engine.hpp reads it
+// for a space; tests write it by hand.
+struct EngineCaps {
+  bool host_space = true;         // Serial, OpenMP: the fused kernel runs teams of one thread
+  std::string tensor_unavailable;  // "" where the tensor engine's kernels can run (CUDA, float, sm_80+), else why
+  int multiprocessors = 0;         // the GPU's SMs
+  std::size_t shared_memory_optin = 0;  // shared memory a CTA may opt in to, bytes
+  std::size_t team_scratch = 0;         // team scratch a fused team may take, bytes
+  int fused_team_size = 0;              // device spaces: the most threads a fused team can have
+  linalg::Backend gemm_reproducible = linalg::Backend::portable;  // the layered engine's default GEMMs
+  linalg::Backend gemm_fast = linalg::Backend::portable;
+};
+
+// Which kernel computes a step's block sums.
+enum class Kernel { layered, fused, tensor_warp_matrix, tensor_register_resident, tensor_register_resident_paired };
+
+inline const char* kernel_name(Kernel k) {
+  switch (k) {
+    case Kernel::layered: return "layered";
+    case Kernel::fused: return "fused";
+    case Kernel::tensor_warp_matrix: return "tensor warp-matrix";
+    case Kernel::tensor_register_resident: return "tensor register-resident";
+    case Kernel::tensor_register_resident_paired: return "tensor register-resident paired";
+  }
+  return "?";
+}
+
+struct EnginePlan {
+  Engine engine = Engine::layered;  // never automatic
+  Kernel kernel = Kernel::layered;
+  std::int64_t block_rows = 64;
+  int leaf_group = 1;  // blocks a row of the engine's partial sums (and a leaf of the block tree) holds
+  linalg::Backend gemm = linalg::Backend::portable;
+
+  bool register_resident() const {
+    return kernel == Kernel::tensor_register_resident || kernel == Kernel::tensor_register_resident_paired;
+  }
+  // What fixes a step's bits, so every rank must plan alike: the engine, the kernel family (the two
+  // register-resident schedules sum alike), the block and the leaf group.
+  std::int64_t sums_key() const {
+    const int family = register_resident() ? 3 : static_cast<int>(kernel);
+    return ((block_rows * 8 + leaf_group) * 8 + family) * 8 + static_cast<int>(engine);
+  }
+  std::string describe() const {
+    return std::string(kernel_name(kernel)) + ", " + std::to_string(block_rows) + "-row blocks" +
+           (leaf_group > 1 ? ", leaves of " + std::to_string(leaf_group) + " blocks" : "");
+  }
+};
+
+namespace detail {
+
+// Whether the register-resident kernel can run a model of this shape on the device: 32 or fewer inputs, its
+// shared memory fitting.
+inline bool mma_fits(const ModelShape& m, const EngineCaps& caps) {
+  return backend::tensor_ni(m.inputs()) == 32 &&
+         backend::mma_scratch_bytes(backend::tensor_hp(m.hidden()), m.outputs() == 1 ? 1 : 4) <=
+             caps.shared_memory_optin;
+}
+inline bool wmma_fits(const ModelShape& m, const EngineCaps& caps) {
+  return backend::tensor_scratch_bytes(backend::tensor_ni(m.inputs()), backend::tensor_hp(m.hidden()),
+                                       m.outputs()) <= caps.shared_memory_optin;
+}
+// Whether the register-resident kernel runs this model at every block count (tensor_family, below): one output,
+// relu or identity, and it fits. The default block size depends on it.
+inline bool mma_at_every_count(const ModelShape& m, const EngineCaps& caps) {
+  return backend::mask_form(m.outputs(), m.activation) && mma_fits(m, caps);
+}
+
+// The reason the tensor engine cannot run this model here, or "".
+inline std::string tensor_unsupported(const ModelShape& m, const EngineCaps& caps) {
+  if (!caps.tensor_unavailable.empty()) return caps.tensor_unavailable;
+  const std::string why = fused_one_hidden_unsupported(m.widths);
+  if (!why.empty()) return why;
+  if (!mma_fits(m, caps) && !wmma_fits(m, caps)) {
+    return "the tensor engine's shared memory (" +
+           std::to_string(backend::tensor_scratch_bytes(backend::tensor_ni(m.inputs()), backend::tensor_hp(m.hidden()),
+                                                        m.outputs())) +
+           " bytes a block) does not fit the device's " + std::to_string(caps.shared_memory_optin);
+  }
+  return {};
+}
+
+// The reason the fused engine cannot run this model here, or "".
+inline std::string fused_unsupported(const ModelShape& m, const EngineCaps& caps) {
+  std::string why = fused_one_hidden_unsupported(m.widths);
+  if (!why.empty()) return why;
+  const FusedLayout lay(m.inputs(), m.hidden(), m.outputs(), caps.host_space, caps.team_scratch, m.scalar_bytes);
+  if (!lay.fits) {
+    return "the fused engine's team scratch for " + std::to_string(m.hidden()) +
+           " hidden units does not fit the space's " + std::to_string(caps.team_scratch) + " bytes";
+  }
+  // A device team must run all 256 logical threads at once (their accumulators are registers).
+  if (!caps.host_space && caps.fused_team_size < FusedLayout::T) {
+    return "the fused kernel needs teams of " + std::to_string(FusedLayout::T) + " threads, the space allows " +
+           std::to_string(caps.fused_team_size);
+  }
+  return {};
+}
+
+// Engine::automatic -> tensor where it can run; else fused on device spaces when the model qualifies and its
+// team scratch fits; else layered. Engine::fused or tensor for a model it cannot run -> InputError saying why.
+inline Engine resolve_engine(const ModelShape& m, const EngineCaps& caps, Engine requested) {
+  if (requested == Engine::layered) return requested;
+  if (requested == Engine::tensor || requested == Engine::automatic) {
+    const std::string why = tensor_unsupported(m, caps);
+    if (why.empty()) return Engine::tensor;
+    if (requested == Engine::tensor) throw InputError("dpmlp: " + why);
+  }
+  const std::string why = fused_unsupported(m, caps);
+  if (requested == Engine::fused) {
+    if (!why.empty()) throw InputError("dpmlp: " + why);
+    return Engine::fused;
+  }
+  return why.empty() && !caps.host_space ? Engine::fused : Engine::layered;
+}
+
+// Which tensor kernel family sums a step of `global_blocks` blocks of `block_rows` rows (over every rank). The
+// two families sum in different shapes, so the choice depends on global values only, never on a rank's share.
+// The register-resident kernel (32 or fewer inputs, its shared memory fitting):
+// - at every block count for one output with relu or identity (its mask-form backward, paired): there it was
+//   as fast as the warp-matrix kernel at the fewest blocks measured and faster everywhere else, the seed's
+//   sizes included;
+// - else (several outputs, tanh) from 128 * 8 / (hp / 32) blocks on, enough to fill half of its teams (8 / (hp
+//   / 32) an SM, a team a block) on a 128-SM GPU split over two ranks, or from 128 rows a block on, whatever the
+//   block count: the warp-matrix kernel takes a block's rows 64 at a time in one CTA, so its time grows with
+//   the block, several times the register-resident kernel's at 256 rows and more.
+// Else the warp-matrix kernel, where it fits. A forced kernel that does not fit is refused.
+inline Kernel tensor_family(const ModelShape& m, const EngineCaps& caps, TensorKernel forced,
+                            std::int64_t global_blocks, std::int64_t block_rows) {
+  const bool mma = mma_fits(m, caps), wmma = wmma_fits(m, caps);
+  const int hp = backend::tensor_hp(m.hidden());
+  if (forced == TensorKernel::warp_matrix) {
+    if (!wmma) throw InputError("dpmlp: the warp-matrix tensor kernel's shared memory does not fit this device");
+    return Kernel::tensor_warp_matrix;
+  }
+  if (forced == TensorKernel::register_resident || forced == TensorKernel::register_resident_paired) {
+    if (!mma) {
+      throw InputError(std::string("dpmlp: the register-resident tensor kernel needs 32 or fewer inputs and its "
+                                   "shared memory to fit (") +
+                       std::to_string(m.inputs()) + " inputs, " + std::to_string(m.hidden()) + " hidden units)");
+    }
+    return Kernel::tensor_register_resident;
+  }
+  const bool prefer_mma = backend::mask_form(m.outputs(), m.activation) || global_blocks >= 128 * (8 / (hp / 32)) ||
+                          block_rows >= 128;
+  return mma && (prefer_mma || !wmma) ? Kernel::tensor_register_resident : Kernel::tensor_warp_matrix;
+}
+
+// The register-resident kernel's leaf group at 32 hidden units and one output: its CTA's eight one-warp teams
+// take eight consecutive blocks at once and sum them in the block tree's shape before writing (the tree's first
+// three levels, in shared memory), so the partial sums and the tree over them are eight times smaller. The
+// sums are the same bits either way (a group is a subtree); what changes is the layout: ranks then own whole
+// groups, so the value must be the same on every rank (the trainer takes the smallest). Automatic: where at
+// least 7/8 of the teams of every SM would have a block (with fewer, the team-major order, spreading the blocks
+// over more SMs, keeps more SMs busy than the grouped CTAs would; from 7/8 rather than all, because the
+// partial sums' eightfold cut pays for the few idle teams), and the staged sums fit the shared memory. Not at
+// 64 hidden units (teams of two warps) or several outputs: there compute-sanitizer's racecheck reported
+// shared-memory hazards between the staging and the sum for some shapes with a short last group, unexplained
+// although every grouped row was bitwise right.
+inline int leaf_group(const ModelShape& m, const EngineCaps& caps, Toggle asked, std::int64_t global_blocks,
+                      int ranks) {
+  constexpr int teams = backend::mma_group_blocks;
+  const bool can = backend::tensor_hp(m.hidden()) == 32 && m.outputs() == 1 &&
+                   backend::mma_scratch_bytes(32, 1, true) <= caps.shared_memory_optin;
+  if (asked == Toggle::off) return 1;
+  if (asked == Toggle::on) {
+    if (!can) {
+      throw InputError("dpmlp: leaf groups need the register-resident tensor kernel at 32 or fewer hidden units, "
+                       "one output, and its grouped shared memory to fit");
+    }
+    return teams;
+  }
+  if (!can) return 1;
+  const std::int64_t sms = caps.multiprocessors > 0 ? caps.multiprocessors : 1;
+  return global_blocks * 8 >= std::int64_t(ranks > 0 ? ranks : 1) * sms * teams * 7 ? teams : 1;
+}
+
+}  // namespace detail
+
+// The plan for a model of shape `m` on a space offering `caps`, for steps over `global_rows` rows on `ranks`
+// ranks (the default block size and the tensor kernel depend on global values only; the leaf group on the
+// rank count too, and the trainer makes the ranks agree on it). `reproducible`: the reduction mode, which
+// picks the layered engine's default GEMMs. Throws InputError when a forced choice cannot run, saying why.
+inline EnginePlan plan_engine(const ModelShape& m, const EngineCaps& caps, const EngineOptions& o, bool reproducible,
+                              std::int64_t global_rows, int ranks) {
+  if (o.block_rows < 0) throw InputError("dpmlp: block_rows must be positive (or 0 for the default)");
+  if (o.engine != Engine::tensor && o.engine != Engine::automatic && o.tensor_kernel != TensorKernel::automatic) {
+    throw InputError(std::string("dpmlp: tensor_kernel ") + tensor_kernel_name(o.tensor_kernel) +
+                     " asks for the tensor engine, but the engine asked for is " + engine_name(o.engine));
+  }
+  EnginePlan p;
+  p.engine = detail::resolve_engine(m, caps, o.engine);
+  if (p.engine != Engine::tensor && o.tensor_kernel != TensorKernel::automatic) {
+    throw InputError(std::string("dpmlp: tensor_kernel ") + tensor_kernel_name(o.tensor_kernel) + ": " +
+                     detail::tensor_unsupported(m, caps));
+  }
+  // At most 2048 blocks a step where the register-resident kernel runs at every block count (its partial sums
+  // and their tree then halve, and it keeps its teams busy), else 4096.
+  const std::int64_t most_blocks =
+      p.engine == Engine::tensor && detail::mma_at_every_count(m, caps) ? 2048 : 4096;
+  p.block_rows = o.block_rows > 0 ? o.block_rows : default_block_rows(global_rows, m.sums_per_block(), most_blocks);
+  const std::int64_t global_blocks = global_rows > 0 ? (global_rows + p.block_rows - 1) / p.block_rows : 0;
+  p.gemm = o.gemm ? *o.gemm : (reproducible ? caps.gemm_reproducible : caps.gemm_fast);
+  switch (p.engine) {
+    case Engine::fused: p.kernel = Kernel::fused; break;
+    case Engine::tensor:
+      p.kernel = detail::tensor_family(m, caps, o.tensor_kernel, global_blocks, p.block_rows);
+      break;
+    default: p.kernel = Kernel::layered; break;
+  }
+  if (p.register_resident()) {
+    p.leaf_group = detail::leaf_group(m, caps, o.leaf_groups, global_blocks, ranks);
+    // The paired schedule wherever it runs (the mask form, its shared memory fitting), unless told otherwise.
+    const bool pairs = backend::mask_form(m.outputs(), m.activation) &&
+                       backend::mma_pair_scratch_bytes(backend::tensor_hp(m.hidden()), p.leaf_group > 1) <=
+                           caps.shared_memory_optin;
+    if (o.tensor_kernel == TensorKernel::register_resident_paired && !pairs) {
+      throw InputError("dpmlp: the paired register-resident schedule needs one output, relu or identity, and its "
+                       "shared memory to fit");
+    }
+    if (pairs && o.tensor_kernel != TensorKernel::register_resident) p.kernel = Kernel::tensor_register_resident_paired;
+  } else if (o.leaf_groups == Toggle::on) {
+    throw InputError(std::string("dpmlp: leaf groups need the register-resident tensor kernel (this plan: ") +
+                     kernel_name(p.kernel) + ")");
+  }
+  return p;
+}
+
+}  // namespace dpmlp

@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// dpmlp/trainer_options.hpp: what a DataParallelTrainer is told (TrainerOptions) and what it tells its caller
+// and callbacks (TrainResult, TrainInfo, StepInfo, EpochInfo).
+#pragma once
+
+#include <cstdint>
+
+#include "dpmlp/engine/options.hpp"
+#include "dpmlp/reduction.hpp"
+
+namespace dpmlp {
+
+// How a DataParallelTrainer trains: the engine's options (EngineOptions: the engine, block rows, GEMMs, the
+// tensor kernel, leaf groups) and the trainer's own.
+struct TrainerOptions : EngineOptions {
+  // reproducible: the final parameters are bitwise identical whatever the rank count (docs/design.md).
+  Reduction reduction = Reduction::reproducible;
+  // At start, rank 0's parameters are broadcast to every rank. With `false`, the ranks instead check that
+  // they already hold the same parameters (by digest) and refuse to train if not.
+  bool broadcast_initial_params = true;
+  // On CUDA with a stream-ordered communicator (NCCL) and an optimizer whose step does not depend on the
+  // step number (Sgd), capture one step as a CUDA graph and replay it (backend/step_graph.hpp). Elsewhere
+  // it is ignored.
+  bool cuda_graph = false;
+  // With two or more ranks on CUDA and the reproducible reduction: exchange the block tree's subtree sums by
+  // writing them straight into the other ranks' GPU memory (CUDA IPC; the GPUs need peer access, as over
+  // NVLink), in one kernel that also sums the local tree, runs the combine and applies the update
+  // (backend/cuda/peer.hpp). A step is then two kernels and no collective call; the bits are those of the
+  // allgather path. Every rank must ask for it; on one rank it is ignored, elsewhere refused.
+  bool peer_exchange = false;
+  // With peer_exchange: a rank that waits more than this many seconds for another gives up, skips the rest of
+  // the run's exchange steps, and every rank throws CommError when the run ends.
+  double peer_timeout_s = 60;
+};
+
+struct TrainResult {
+  double first_loss = 0, last_loss = 0;
+  int steps = 0;
+};
+
+// What callbacks are told (callbacks.hpp).
+struct TrainInfo {
+  int steps;                 // steps asked for in this train() call
+  std::int64_t steps_before;  // steps taken before it
+  int rank, size;
+};
+struct StepInfo {
+  std::int64_t step;  // steps taken so far, over all train() calls
+  int step_in_run;    // 1-based within this train() call
+  double loss;        // this step's loss (the mean over all ranks' rows)
+  double step_ms;     // wall time of the step, including the loss read
+};
+
+// What an end_epoch hook is told (train_epochs).
+struct EpochInfo {
+  std::int64_t epoch;  // epochs completed so far, over all calls (this one included)
+  int steps;           // mini-batch steps in this epoch
+  double mean_loss;    // the mean of this epoch's batch losses
+};
+
+}  // namespace dpmlp

@@ -1,0 +1,242 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The engine plan (engine/plan.hpp), the one place that decides which engine and kernel compute a step, with
+// which block size and leaf group: every rule checked here for an H200-like GPU, on any build (the planner is
+// a pure function of the model, the device's capabilities, the options and the step's size), and the plan
+// the trainer and value_and_grad use here.
+#include <catch2/catch.hpp>
+
+#include <dpmlp/dpmlp.hpp>
+
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+using dpmlp::Activation;
+using dpmlp::Engine;
+using dpmlp::Kernel;
+using dpmlp::TensorKernel;
+using dpmlp::Toggle;
+
+// An H200 as the planner sees it: 132 SMs, 227 KB of opt-in shared memory a CTA, tensor cores.
+dpmlp::EngineCaps h200() {
+  dpmlp::EngineCaps c;
+  c.host_space = false;
+  c.tensor_unavailable = "";
+  c.multiprocessors = 132;
+  c.shared_memory_optin = 232448;
+  c.team_scratch = 49152;
+  c.fused_team_size = 256;
+  c.gemm_reproducible = dpmlp::linalg::Backend::portable;
+  c.gemm_fast = dpmlp::linalg::Backend::cublas;
+  return c;
+}
+
+// A CPU (Serial or OpenMP).
+dpmlp::EngineCaps cpu() {
+  dpmlp::EngineCaps c;
+  c.host_space = true;
+  c.tensor_unavailable = "the tensor engine runs on CUDA execution spaces in float only";
+  c.team_scratch = std::size_t(1) << 30;
+  c.gemm_reproducible = c.gemm_fast = dpmlp::linalg::Backend::eigen;
+  return c;
+}
+
+dpmlp::ModelShape shape(std::vector<int> widths, Activation act = Activation::relu) {
+  return dpmlp::ModelShape{std::move(widths), act, sizeof(float)};
+}
+
+dpmlp::EnginePlan plan(const dpmlp::ModelShape& m, std::int64_t rows, dpmlp::EngineOptions o = {}, int ranks = 1,
+                       const dpmlp::EngineCaps& caps = h200()) {
+  return dpmlp::plan_engine(m, caps, o, true, rows, ranks);
+}
+
+// The plan for `blocks` global blocks of `block` rows each.
+dpmlp::EnginePlan plan_blocks(const dpmlp::ModelShape& m, std::int64_t blocks, std::int64_t block) {
+  dpmlp::EngineOptions o;
+  o.block_rows = block;
+  return plan(m, blocks * block, o);
+}
+
+}  // namespace
+
+TEST_CASE("the plan resolves the engine from the model and the space", "[plan]") {
+  // A GPU with tensor cores: the tensor engine for one-hidden-layer models, the layered one for deeper ones.
+  CHECK(plan(shape({32, 32, 1}), 20000).engine == Engine::tensor);
+  CHECK(plan(shape({64, 256, 4}, Activation::tanh), 20000).engine == Engine::tensor);
+  CHECK(plan(shape({32, 64, 64, 1}), 20000).engine == Engine::layered);
+  CHECK(plan(shape({65, 32, 1}), 20000).engine == Engine::layered);  // the fused engines take 64 inputs at most
+  // No tensor cores (or double): the fused SIMT kernel on a device, the layered engine on a CPU.
+  dpmlp::EngineCaps no_tc = h200();
+  no_tc.tensor_unavailable = "the tensor engine needs compute capability 8.0 or newer (this device: 7.0)";
+  CHECK(plan(shape({32, 32, 1}), 20000, {}, 1, no_tc).engine == Engine::fused);
+  CHECK(plan(shape({32, 32, 1}), 20000, {}, 1, cpu()).engine == Engine::layered);
+  // Asked for, but not possible: refused with the reason.
+  dpmlp::EngineOptions tensor;
+  tensor.engine = Engine::tensor;
+  CHECK_THROWS_WITH(plan(shape({32, 32, 1}), 100, tensor, 1, no_tc), Catch::Contains("compute capability 8.0"));
+  CHECK_THROWS_WITH(plan(shape({32, 32, 1}), 100, tensor, 1, cpu()), Catch::Contains("CUDA execution spaces"));
+  dpmlp::EngineOptions fused;
+  fused.engine = Engine::fused;
+  CHECK(plan(shape({32, 32, 1}), 100, fused, 1, cpu()).kernel == Kernel::fused);
+  CHECK_THROWS_WITH(plan(shape({32, 16, 16, 1}), 100, fused), Catch::Contains("exactly one hidden layer"));
+  dpmlp::EngineCaps small_teams = no_tc;
+  small_teams.fused_team_size = 128;
+  CHECK_THROWS_WITH(plan(shape({32, 32, 1}), 100, fused, 1, small_teams), Catch::Contains("teams of 256"));
+  CHECK(plan(shape({32, 32, 1}), 100, {}, 1, small_teams).engine == Engine::layered);
+  // The layered engine's GEMMs: the reproducible default, or the fast one with Reduction::fast.
+  dpmlp::EngineOptions layered;
+  layered.engine = Engine::layered;
+  CHECK(dpmlp::plan_engine(shape({8, 8, 1}), h200(), layered, true, 100, 1).gemm == dpmlp::linalg::Backend::portable);
+  CHECK(dpmlp::plan_engine(shape({8, 8, 1}), h200(), layered, false, 100, 1).gemm == dpmlp::linalg::Backend::cublas);
+}
+
+TEST_CASE("the plan's default block size depends on the model and the global rows only", "[plan]") {
+  // At most 2048 blocks where the register-resident kernel runs at every block count (one output, relu or
+  // identity, 32 or fewer inputs), else 4096; 64 rows at least.
+  CHECK(plan(shape({32, 32, 1}), 1048576).block_rows == 512);
+  CHECK(plan(shape({32, 32, 1}, Activation::identity), 1048576).block_rows == 512);
+  CHECK(plan(shape({32, 32, 1}), 20000).block_rows == 64);
+  CHECK(plan(shape({32, 32, 1}, Activation::tanh), 1048576).block_rows == 256);
+  CHECK(plan(shape({32, 32, 4}), 1048576).block_rows == 256);
+  CHECK(plan(shape({33, 32, 1}), 1048576).block_rows == 256);
+  CHECK(plan(shape({32, 32, 1}), 1048576, {}, 1, cpu()).block_rows == 256);
+  // At most 2^24 partial sums: 32 x 256 x 1 (8706 sums a block) at 1M rows takes 1024 blocks.
+  CHECK(plan(shape({32, 256, 1}), 1048576).block_rows == 1024);
+  // Whatever the rank count.
+  for (int ranks : {1, 2, 3, 8}) {
+    CHECK(plan(shape({32, 32, 1}), 1048576, {}, ranks).block_rows == 512);
+    CHECK(plan(shape({32, 32, 1}), 1048576, {}, ranks).kernel == Kernel::tensor_register_resident_paired);
+  }
+  dpmlp::EngineOptions o;
+  o.block_rows = 100;
+  CHECK(plan(shape({32, 32, 1}), 1048576, o).block_rows == 100);
+  o.block_rows = -1;
+  CHECK_THROWS_WITH(plan(shape({32, 32, 1}), 1048576, o), Catch::Contains("block_rows"));
+}
+
+TEST_CASE("the plan picks the tensor kernel from global values only", "[plan]") {
+  // One output with relu or identity: the register-resident kernel, paired, at every block count.
+  for (const Activation a : {Activation::relu, Activation::identity}) {
+    for (const auto& [blocks, block] : std::vector<std::pair<int, int>>{{313, 64}, {16, 64}, {1023, 127}, {1 << 20, 64}}) {
+      INFO(dpmlp::activation_name(a) << ", " << blocks << " blocks of " << block);
+      CHECK(plan_blocks(shape({32, 32, 1}, a), blocks, block).kernel == Kernel::tensor_register_resident_paired);
+    }
+  }
+  // Other models: the warp-matrix kernel for fewer blocks than fill the register-resident one (1024 at 32
+  // hidden units) of fewer than 128 rows, the register-resident one (unpaired) from there.
+  for (const auto& m : {shape({32, 32, 1}, Activation::tanh), shape({32, 32, 4})}) {
+    CHECK(plan_blocks(m, 313, 64).kernel == Kernel::tensor_warp_matrix);
+    CHECK(plan_blocks(m, 1023, 127).kernel == Kernel::tensor_warp_matrix);
+    CHECK(plan_blocks(m, 313, 128).kernel == Kernel::tensor_register_resident);
+    CHECK(plan_blocks(m, 3, 1024).kernel == Kernel::tensor_register_resident);
+    CHECK(plan_blocks(m, 1024, 64).kernel == Kernel::tensor_register_resident);
+  }
+  // 256 padded hidden units (one team of eight warps a CTA): 128 blocks fill half the teams.
+  CHECK(plan_blocks(shape({32, 200, 2}), 127, 64).kernel == Kernel::tensor_warp_matrix);
+  CHECK(plan_blocks(shape({32, 200, 2}), 128, 64).kernel == Kernel::tensor_register_resident);
+  // More than 32 inputs: the warp-matrix kernel only.
+  CHECK(plan_blocks(shape({33, 32, 1}), 1 << 20, 64).kernel == Kernel::tensor_warp_matrix);
+  // Where the shared memory does not fit the register-resident kernel (an A100's 163 KB), the warp-matrix one;
+  // where it fits ungrouped but not grouped, the paired schedule ungrouped.
+  dpmlp::EngineCaps a100 = h200();
+  a100.multiprocessors = 108;
+  a100.shared_memory_optin = 166912;
+  CHECK(dpmlp::plan_engine(shape({32, 32, 1}), a100, {}, true, 1048576, 1).kernel == Kernel::tensor_warp_matrix);
+  dpmlp::EngineCaps mid = h200();
+  mid.shared_memory_optin = 200000;
+  const auto p = dpmlp::plan_engine(shape({32, 32, 1}), mid, {}, true, 1048576, 1);
+  CHECK(p.kernel == Kernel::tensor_register_resident_paired);
+  CHECK(p.leaf_group == 1);
+}
+
+TEST_CASE("the plan groups leaves where the register-resident kernel fills the GPU", "[plan]") {
+  // 32 hidden units, one output: groups of 8 blocks from 7/8 of every SM's teams busy (132 SMs x 8 teams).
+  CHECK(plan(shape({32, 32, 1}), 1048576).leaf_group == 8);           // 2048 blocks
+  CHECK(plan(shape({32, 32, 1}), 1048576, {}, 2).leaf_group == 8);    // 1024 a rank
+  CHECK(plan(shape({32, 32, 1}), 1048576, {}, 3).leaf_group == 1);    // 683 a rank: fewer than 7/8 of 1056
+  CHECK(plan(shape({32, 32, 1}), 20000).leaf_group == 1);             // 313 blocks
+  CHECK(plan_blocks(shape({32, 32, 1}), 923, 64).leaf_group == 1);
+  CHECK(plan_blocks(shape({32, 32, 1}), 924, 64).leaf_group == 8);  // 924 x 8 >= 132 x 8 x 7
+  CHECK(plan(shape({32, 32, 1}, Activation::tanh), 1048576).leaf_group == 8);  // unpaired, grouped
+  CHECK(plan(shape({32, 32, 1}, Activation::tanh), 1048576).kernel == Kernel::tensor_register_resident);
+  // Not at 64 hidden units and more, nor several outputs, nor other kernels.
+  CHECK(plan(shape({32, 64, 1}), 4194304).leaf_group == 1);
+  CHECK(plan(shape({32, 32, 4}), 4194304).leaf_group == 1);
+  CHECK(plan(shape({33, 32, 1}), 4194304).leaf_group == 1);
+  // Forced on, or off.
+  dpmlp::EngineOptions on, off;
+  on.leaf_groups = Toggle::on;
+  off.leaf_groups = Toggle::off;
+  CHECK(plan(shape({32, 32, 1}), 20000, on).leaf_group == 8);
+  CHECK(plan(shape({32, 32, 1}), 1048576, off).leaf_group == 1);
+  CHECK_THROWS_WITH(plan(shape({32, 64, 1}), 20000, on), Catch::Contains("leaf groups"));
+  CHECK_THROWS_WITH(plan(shape({32, 32, 4}), 20000, on), Catch::Contains("leaf groups"));
+  CHECK_THROWS_WITH(plan(shape({32, 32, 1}), 20000, on, 1, cpu()), Catch::Contains("leaf groups"));
+}
+
+TEST_CASE("a forced tensor kernel runs where it can and is refused elsewhere", "[plan]") {
+  dpmlp::EngineOptions o;
+  o.tensor_kernel = TensorKernel::warp_matrix;
+  CHECK(plan(shape({32, 32, 1}), 1048576, o).kernel == Kernel::tensor_warp_matrix);
+  CHECK(plan(shape({32, 32, 1}), 1048576, o).leaf_group == 1);
+  CHECK(plan(shape({32, 32, 1}), 1048576, o).block_rows == 512);  // the block size does not depend on it
+  o.tensor_kernel = TensorKernel::register_resident;
+  CHECK(plan(shape({32, 32, 1}), 20000, o).kernel == Kernel::tensor_register_resident);
+  CHECK(plan(shape({32, 32, 1}, Activation::tanh), 20000, o).kernel == Kernel::tensor_register_resident);
+  CHECK_THROWS_WITH(plan(shape({33, 32, 1}), 20000, o), Catch::Contains("32 or fewer inputs"));
+  o.tensor_kernel = TensorKernel::register_resident_paired;
+  CHECK(plan(shape({20, 100, 1}, Activation::identity), 20000, o).kernel == Kernel::tensor_register_resident_paired);
+  CHECK_THROWS_WITH(plan(shape({32, 32, 1}, Activation::tanh), 20000, o), Catch::Contains("paired"));
+  CHECK_THROWS_WITH(plan(shape({32, 32, 2}), 20000, o), Catch::Contains("paired"));
+  // A tensor kernel without the tensor engine.
+  CHECK_THROWS_WITH(plan(shape({32, 32, 1}), 20000, o, 1, cpu()), Catch::Contains("CUDA execution spaces"));
+  o.engine = Engine::layered;
+  CHECK_THROWS_WITH(plan(shape({32, 32, 1}), 20000, o), Catch::Contains("asks for the tensor engine"));
+}
+
+TEST_CASE("the ranks' agreement key tells apart what changes the bits, and only that", "[plan]") {
+  dpmlp::EngineOptions unpaired;
+  unpaired.tensor_kernel = TensorKernel::register_resident;
+  const auto paired = plan(shape({32, 32, 1}), 20000);
+  CHECK(paired.sums_key() == plan(shape({32, 32, 1}), 20000, unpaired).sums_key());  // the same sums
+  dpmlp::EngineOptions wmma;
+  wmma.tensor_kernel = TensorKernel::warp_matrix;
+  CHECK(paired.sums_key() != plan(shape({32, 32, 1}), 20000, wmma).sums_key());
+  dpmlp::EngineOptions other_block;
+  other_block.block_rows = 128;
+  CHECK(paired.sums_key() != plan(shape({32, 32, 1}), 20000, other_block).sums_key());
+  dpmlp::EngineOptions on;
+  on.leaf_groups = Toggle::on;
+  CHECK(paired.sums_key() != plan(shape({32, 32, 1}), 20000, on).sums_key());
+  dpmlp::EngineOptions fused;
+  fused.engine = Engine::fused;
+  CHECK(paired.sums_key() != plan(shape({32, 32, 1}), 20000, fused).sums_key());
+}
+
+// On this build's default space: the plan the trainer takes is the planner's for this space's capabilities.
+TEST_CASE("the trainer and value_and_grad run the space's plan", "[plan][mpi]") {
+  using Space = Kokkos::DefaultExecutionSpace;
+  using Memory = Space::memory_space;
+  dpmlp::Mlp<float, Memory> model({32, 32, 1});
+  model.init_jax(dpmlp::random::PRNGKey(1), 0.1f);
+  const std::int64_t rows = 5000;
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  dpmlp::TrainerOptions options;
+  dpmlp::DataParallelTrainer<Space> trainer(MPI_COMM_WORLD, model, rows, dpmlp::Sgd(0.02), options);
+  const auto expected = dpmlp::detail::BlockEngine<Space, float>::plan(model, options, true, rows, size);
+  CHECK(trainer.engine_plan().sums_key() == expected.sums_key());
+  CHECK(trainer.engine_plan().kernel == expected.kernel);
+  CHECK(trainer.block_rows() == expected.block_rows);
+  CHECK(trainer.leaf_group() == expected.leaf_group);
+  CHECK(trainer.engine() == expected.engine);
+  // A forced choice the space cannot run is refused by the trainer too.
+  const auto caps = dpmlp::detail::BlockEngine<Space, float>::caps(model);
+  if (!caps.tensor_unavailable.empty()) {
+    dpmlp::TrainerOptions tensor;
+    tensor.engine = Engine::tensor;
+    CHECK_THROWS_WITH(dpmlp::DataParallelTrainer<Space>(MPI_COMM_WORLD, model, rows, dpmlp::Sgd(0.02), tensor),
+                      Catch::Contains(caps.tensor_unavailable));
+  }
+}
