@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "dpmlp/detail/async_copy.hpp"
+#include "dpmlp/detail/tree_order.hpp"
 #include "dpmlp/errors.hpp"
 #include "dpmlp/kokkos_compat.hpp"
 
@@ -361,9 +362,7 @@ class BlockTreeReducer {
             for (int t = team.team_rank(); t < 256; t += team.team_size()) {
               const int c = t & (cw_max - 1), lane = t / cw_max;
               if (c >= cw) continue;
-              for (int g = 2 * stride * lane; g + stride < n; g += 2 * stride * lanes) {
-                sh[g * cw_max + c] += sh[(g + stride) * cw_max + c];
-              }
+              detail::tree::level(n, stride, lane, lanes, [&](int g) -> Scalar& { return sh[g * cw_max + c]; });
             }
             team.team_barrier();
           }
@@ -401,7 +400,7 @@ class BlockTreeReducer {
             const std::int64_t span = fast ? local_blocks : (std::int64_t(1) << level_v(i));
             const std::int64_t hi = lo + span < local_blocks ? lo + span : local_blocks;
             for (std::int64_t stride = 1; lo + stride < hi; stride *= 2) {
-              const std::int64_t pairs = (hi - lo - stride + 2 * stride - 1) / (2 * stride);
+              const std::int64_t pairs = detail::tree::level_pairs(hi - lo, stride);
               for (std::int64_t w = me; w < pairs * cw; w += T) {
                 const std::int64_t g = lo + 2 * stride * (w / cw);
                 const std::int64_t c = c0 + w % cw;
@@ -469,9 +468,8 @@ class BlockTreeReducer {
           for (int t = team.team_rank(); t < cols; t += team.team_size()) {
             const std::int64_t p = p0 + t;
             if (p >= W) continue;
-            for (int s = 0; s < steps; ++s) {
-              sh[ops[3 * s] * cols + t] = sh[ops[3 * s + 1] * cols + t] + sh[ops[3 * s + 2] * cols + t];
-            }
+            detail::tree::run_program([&](int s, int j) { return ops[3 * s + j]; }, steps,
+                                      [&](int v) -> Scalar& { return sh[v * cols + t]; });
             const Scalar total = sh[root * cols + t];
             V(root, p) = total;  // reduce() returns the root's row
             f(p, total);
@@ -496,7 +494,7 @@ class BlockTreeReducer {
     Kokkos::parallel_for(
         "dpmlp::tree_combine", compat::light_weight(Kokkos::RangePolicy<ExecSpace>(space, 0, width_)),
         KOKKOS_LAMBDA(const std::int64_t p) {
-          for (int s = 0; s < steps; ++s) V(prog(s, 0), p) = V(prog(s, 1), p) + V(prog(s, 2), p);
+          detail::tree::run_program(prog, steps, [&](int v) -> Scalar& { return V(v, p); });
           f(p, tree ? V(root, p) : send(0, p));
         });
   }

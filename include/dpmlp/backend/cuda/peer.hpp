@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "dpmlp/backend/cuda/device.hpp"
+#include "dpmlp/detail/tree_order.hpp"
 #include "dpmlp/errors.hpp"
 #include "dpmlp/kokkos_compat.hpp"
 #include "dpmlp/reduction.hpp"
@@ -375,9 +376,8 @@ void reduce_apply_peer(const ExecSpace& space, const BlockTreeReducer<ExecSpace,
           for (int i = 0; i < nodes; ++i) {
             const std::int64_t lo = node_lo[i];
             const int n = node_n[2 * i];
-            for (int g = 2 * stride * lane; g + stride < n; g += 2 * stride * lanes) {
-              tree[((lo + g) << shift) + col] += tree[((lo + g + stride) << shift) + col];
-            }
+            detail::tree::level(n, stride, lane, lanes,
+                                [&](int g) -> Scalar& { return tree[((lo + g) << shift) + col]; });
           }
         }
         team.team_barrier();
@@ -423,9 +423,8 @@ void reduce_apply_peer(const ExecSpace& space, const BlockTreeReducer<ExecSpace,
         }
         team.team_barrier();
         for (int col = me; col < cn; col += T) {
-          for (int k = 0; k < steps; ++k) {
-            vals[(ops[3 * k] << shift) + col] = vals[(ops[3 * k + 1] << shift) + col] + vals[(ops[3 * k + 2] << shift) + col];
-          }
+          detail::tree::run_program([&](int k, int j) { return ops[3 * k + j]; }, steps,
+                                    [&](int v) -> Scalar& { return vals[(v << shift) + col]; });
           f(c0 + col, vals[(root << shift) + col]);
         }
       }

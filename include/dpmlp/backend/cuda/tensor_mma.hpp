@@ -45,6 +45,7 @@
 #include "dpmlp/backend/cuda/device.hpp"
 #include "dpmlp/backend/cuda/mma_ops.hpp"
 #include "dpmlp/backend/cuda/tensor_shapes.hpp"
+#include "dpmlp/detail/tree_order.hpp"
 #include "dpmlp/errors.hpp"
 
 namespace dpmlp {
@@ -767,13 +768,7 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
       float v[WR];
 #pragma unroll
       for (int k = 0; k < WR; ++k) v[k] = (Whole || k < m) ? stage[k * L + p] : 0.0f;
-#pragma unroll
-      for (int stride = 1; stride < WR; stride *= 2) {
-#pragma unroll
-        for (int k = 0; k + stride < WR; k += 2 * stride) {
-          if (Whole || k + stride < m) v[k] += v[k + stride];
-        }
-      }
+      detail::tree::sum_held<Whole>(v, m);
       out[p] = v[0];
     }
   }
