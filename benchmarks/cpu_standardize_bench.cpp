@@ -2,7 +2,7 @@
 // cpu_standardize_bench: times dpmlp::Standardizer::transform_rows (the seed's row mode) on the default
 // execution space, for the comparison with numpy in benchmarks/cpu_bench.py.
 //
-//   cpu_standardize_bench [--rows N] [--cols C] [--repeats R]
+//   cpu_standardize_bench [OPTION]...      (cpu_standardize_bench --help lists the options)
 //
 // The same work as numpy's standardize_np in shared/anchors/jax_ref.py: rows x cols raw doubles (JAX's
 // normal draws from PRNGKey(0), widened, as the seed) -> rows x 2*cols features, plus the sum of all
@@ -17,23 +17,41 @@
 #include <string>
 #include <vector>
 
+#include "../examples/cli.hpp"
+
 namespace cpu_standardize_bench {
 
-// A named function, not main: CUDA's extended lambdas need an enclosing function whose address can be taken.
-void run(int argc, char* argv[]) {
-  using Space = Kokkos::DefaultExecutionSpace;
-  using Memory = Space::memory_space;
+struct Options {
   std::int64_t rows = 20000;
   int cols = 16, repeats = 11;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (i + 1 >= argc) throw dpmlp::InputError(a + " needs a value");
-    if (a == "--rows") rows = std::stoll(argv[++i]);
-    else if (a == "--cols") cols = std::stoi(argv[++i]);
-    else if (a == "--repeats") repeats = std::stoi(argv[++i]);
-    else throw dpmlp::InputError("unknown option '" + a + "'");
+};
+
+// The command line, bound to o: the one table that parse() reads and --help prints.
+cli::Parser command_line(Options& o) {
+  cli::Parser p("cpu_standardize_bench", "[OPTION]...",
+                "Time dpmlp::Standardizer::transform_rows (the seed's row mode) on the default execution space and "
+                "print one JSON line: every repeat's time in ms, the median, and the checksum. "
+                "benchmarks/cpu_bench.py compares it with numpy.");
+  p.value("--rows", "N", o.rows, "rows of raw data");
+  p.value("--cols", "C", o.cols, "raw columns per row; 2*C features out");
+  p.value("--repeats", "R", o.repeats, "timed repeats, after one warm-up");
+  p.example("KOKKOS_NUM_THREADS=1 cpu_standardize_bench --rows 1000000", "a million rows on one thread");
+  p.note("Exit status: 0 done, 2 bad input or a runtime error.");
+  return p;
+}
+
+void check(const Options& o) {
+  if (o.rows <= 0 || o.cols <= 0 || o.repeats <= 0) {
+    throw dpmlp::InputError("--rows, --cols, --repeats must be positive");
   }
-  if (rows <= 0 || cols <= 0 || repeats <= 0) throw dpmlp::InputError("--rows, --cols, --repeats must be positive");
+}
+
+// A named function, not main: CUDA's extended lambdas need an enclosing function whose address can be taken.
+void run(const Options& o) {
+  using Space = Kokkos::DefaultExecutionSpace;
+  using Memory = Space::memory_space;
+  const std::int64_t rows = o.rows;
+  const int cols = o.cols, repeats = o.repeats;
   Space space;
   Kokkos::View<double*, Memory> flat("raw", rows * cols);
   dpmlp::random::normal(space, dpmlp::random::split(dpmlp::random::PRNGKey(0), 2)[0], flat, 0);
@@ -69,15 +87,23 @@ void run(int argc, char* argv[]) {
 
 }  // namespace cpu_standardize_bench
 
+// The command line is read before Kokkos starts: --help and a bad option start nothing.
 int main(int argc, char* argv[]) {
-  dpmlp::compat::initialize();
   int code = 0;
   try {
-    cpu_standardize_bench::run(argc, argv);
+    cpu_standardize_bench::Options o;
+    const cli::Parser parser = cpu_standardize_bench::command_line(o);
+    if (!parser.parse(argc, argv)) {
+      parser.print_usage(stdout);
+      return 0;
+    }
+    cpu_standardize_bench::check(o);
+    dpmlp::compat::initialize();
+    cpu_standardize_bench::run(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cpu_standardize_bench: error: %s\n", e.what());
     code = 2;
   }
-  Kokkos::finalize();
+  if (Kokkos::is_initialized()) Kokkos::finalize();
   return code;
 }

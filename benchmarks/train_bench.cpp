@@ -1,11 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // train_bench: times dpmlp training on the seed's problem at any size, under mpirun (1 or more ranks).
 //
-//   mpirun -np <ranks> train_bench [--rows N] [--hidden H] [--steps S] [--repeats R] [--warmup S]
-//                                  [--comm nccl|mpi] [--reduction reproducible|fast] [--block-rows B]
-//                                  [--engine automatic|fused|tensor|layered] [--no-check] [--graph]
-//                                  [--tensor-kernel automatic|warp-matrix|register-resident|register-resident-paired]
-//                                  [--leaf-groups automatic|off|on] [--allow-cpu-devices] [--breakdown] [--peer]
+//   mpirun -np <ranks> train_bench [OPTION]...      (train_bench --help lists the options)
 //
 // --peer: TrainerOptions::peer_exchange (2 or more ranks on CUDA: the subtree sums written straight into the
 // other GPUs' memory, one kernel with the tree, the combine and the update; backend/cuda/peer.hpp).
@@ -49,37 +45,57 @@ struct Options {
   bool check = true, allow_cpu = false, graph = false, breakdown = false, peer = false;
 };
 
-Options parse(int argc, char* argv[]) {
-  Options o;
-  const cli::Args args(argc, argv);
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--rows") o.rows = args.integer(i);
-    else if (a == "--hidden") o.hidden = args.int_value(i);
-    else if (a == "--cols") o.cols = args.int_value(i);
-    else if (a == "--steps") o.steps = args.int_value(i);
-    else if (a == "--repeats") o.repeats = args.int_value(i);
-    else if (a == "--warmup") o.warmup = args.int_value(i);
-    else if (a == "--rate") o.rate = args.real(i);
-    else if (a == "--block-rows") o.block_rows = args.integer(i);
-    else if (a == "--comm") o.comm = args.value(i);
-    else if (a == "--reduction") o.reduction = args.value(i);
-    else if (a == "--engine") o.engine = dpmlp::engine_from_name(args.value(i));
-    else if (a == "--tensor-kernel") o.tensor_kernel = dpmlp::tensor_kernel_from_name(args.value(i));
-    else if (a == "--leaf-groups") o.leaf_groups = dpmlp::toggle_from_name(args.value(i));
-    else if (a == "--no-check") o.check = false;
-    else if (a == "--breakdown") o.breakdown = true;
-    else if (a == "--graph") o.graph = true;
-    else if (a == "--peer") o.peer = true;
-    else if (a == "--allow-cpu-devices") o.allow_cpu = true;
-    else throw dpmlp::InputError("unknown option '" + a + "'");
-  }
+#if defined(DPMLP_HAS_NCCL_COMMUNICATOR)
+constexpr const char* kComms = "nccl|mpi";
+#else
+constexpr const char* kComms = "mpi";
+#endif
+
+// The command line, bound to o: the one table that parse() reads and --help prints.
+cli::Parser command_line(Options& o) {
+  cli::Parser p("train_bench", "[OPTION]...",
+                "Time dpmlp training on the seed's problem at any size, on 1 or more ranks (mpirun -np <ranks> "
+                "train_bench), and print one JSON line: every repeat's time, the median, and a check against a "
+                "one-device run.");
+  p.value("--rows", "N", o.rows, "rows of the seed's data, over all ranks");
+  p.value("--cols", "C", o.cols, "raw columns per row; the model sees 2*C standardized features");
+  p.value("--hidden", "H", o.hidden, "hidden units");
+  p.value("--steps", "S", o.steps, "training steps per repeat");
+  p.value("--repeats", "R", o.repeats, "timed repeats, each a fresh trainer from the same parameters");
+  p.value("--warmup", "S", o.warmup, "steps of a throwaway run before the repeats");
+  p.value("--rate", "R", o.rate, "SGD learning rate");
+  p.value("--comm", kComms, o.comm, "the communicator");
+  p.value("--reduction", "reproducible|fast", o.reduction,
+          "the gradient sum: reproducible (the same bits at any rank count) or fast (the allreduce's order)");
+  p.value("--block-rows", "B", o.block_rows, "rows per reduction block; 0 lets the trainer choose");
+  p.custom("--engine", "automatic|fused|tensor|layered", dpmlp::engine_name(o.engine), "the per-block gradient engine",
+           [&o](const cli::Args& a, int& i) { o.engine = dpmlp::engine_from_name(a.value(i)); });
+  p.custom("--tensor-kernel", "automatic|warp-matrix|register-resident|register-resident-paired",
+           dpmlp::tensor_kernel_name(o.tensor_kernel), "the tensor engine's kernel (EngineOptions::tensor_kernel)",
+           [&o](const cli::Args& a, int& i) { o.tensor_kernel = dpmlp::tensor_kernel_from_name(a.value(i)); });
+  p.custom("--leaf-groups", "automatic|off|on", dpmlp::toggle_name(o.leaf_groups),
+           "whether the register-resident kernel sums groups of 8 blocks itself (EngineOptions::leaf_groups)",
+           [&o](const cli::Args& a, int& i) { o.leaf_groups = dpmlp::toggle_from_name(a.value(i)); });
+  p.flag("--no-check", o.check, "skip the comparison with a one-device run", false);
+  p.flag("--graph", o.graph,
+         "on CUDA with NCCL, capture one step as a CUDA graph and replay it (TrainerOptions::cuda_graph)");
+  p.flag("--peer", o.peer,
+         "on CUDA, write the subtree sums straight into the other GPUs' memory (TrainerOptions::peer_exchange)");
+  p.flag("--breakdown", o.breakdown, "instead, time a step's parts (one JSON line, microseconds per call)");
+  p.flag("--allow-cpu-devices", o.allow_cpu, "count each rank as one CPU device (CPU builds)");
+  p.example("mpirun -np 2 train_bench --rows 1000000 --hidden 64", "2 GPUs, a million rows, 64 hidden units");
+  p.example("mpirun -np 2 train_bench --breakdown", "where a step's time goes");
+  p.note("Exit status: 0 the check passed (or was skipped), 1 it failed, 2 bad input or a runtime error.");
+  return p;
+}
+
+// The checks that need every option read.
+void check(const Options& o) {
   if (o.rows <= 0 || o.cols <= 0 || o.hidden <= 0 || o.steps <= 0 || o.repeats <= 0) {
     throw dpmlp::InputError("--rows, --cols, --hidden, --steps and --repeats must be positive");
   }
   if (o.warmup < 0) throw dpmlp::InputError("--warmup must not be negative");
   if (o.reduction != "reproducible" && o.reduction != "fast") throw dpmlp::InputError("--reduction: reproducible|fast");
-  return o;
 }
 
 struct Timing {
@@ -272,29 +288,41 @@ int breakdown(const Options& o) {
 
 }  // namespace
 
+// The command line is read before Kokkos starts: --help (printed by rank 0) and a bad option start no device.
 int main(int argc, char* argv[]) {
   MPI_Init(&argc, &argv);
-  dpmlp::initialize_kokkos_for_rank(MPI_COMM_WORLD);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   int code = 0;
   try {
     Options o;
-    dpmlp::all_or_none(MPI_COMM_WORLD, [&] { o = parse(argc, argv); });
-    if (o.comm == "mpi") {
-      code = o.breakdown ? breakdown<dpmlp::MpiCommunicator>(o) : bench<dpmlp::MpiCommunicator>(o);
-    }
+    const cli::Parser parser = command_line(o);
+    bool run = true;
+    dpmlp::all_or_none(MPI_COMM_WORLD, [&] {
+      run = parser.parse(argc, argv);
+      if (run) check(o);
+    });
+    if (!run) {
+      if (rank == 0) parser.print_usage(stdout);
+    } else {
+      dpmlp::initialize_kokkos_for_rank(MPI_COMM_WORLD);
+      if (o.comm == "mpi") {
+        code = o.breakdown ? breakdown<dpmlp::MpiCommunicator>(o) : bench<dpmlp::MpiCommunicator>(o);
+      }
 #if defined(DPMLP_HAS_NCCL_COMMUNICATOR)
-    else if (o.comm == "nccl") {
-      code = o.breakdown ? breakdown<dpmlp::NcclCommunicator>(o) : bench<dpmlp::NcclCommunicator>(o);
-    }
+      else if (o.comm == "nccl") {
+        code = o.breakdown ? breakdown<dpmlp::NcclCommunicator>(o) : bench<dpmlp::NcclCommunicator>(o);
+      }
 #endif
-    else {
-      throw dpmlp::InputError("--comm " + o.comm + " is not available in this build");
+      else {
+        throw dpmlp::InputError("--comm " + o.comm + " is not available in this build");
+      }
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_bench: error: %s\n", e.what());
     code = 2;
   }
-  Kokkos::finalize();
+  if (Kokkos::is_initialized()) Kokkos::finalize();
   MPI_Finalize();
   return code;
 }

@@ -2,13 +2,7 @@
 // multi_gpu_train: the seed program (a JAX data-parallel MLP over every accelerator, held to a one-device
 // run) on dpmlp.
 //
-//   mpirun -np <gpus> multi_gpu_train [--allow-cpu-devices] [--rows N] [--hidden H] [--steps S] [--rate R]
-//                                     [--comm mpi|nccl] [--reduction reproducible|fast] [--block-rows B]
-//                                     [--warmup S] [--graph] [--engine automatic|fused|tensor|layered]
-//                                     [--allow-single-cpu-device] [--peer]
-//
-// --graph: on CUDA with NCCL, capture one step as a CUDA graph and replay it (TrainerOptions::cuda_graph).
-// --peer: on CUDA, the subtree sums go straight into the other GPUs' memory (TrainerOptions::peer_exchange).
+//   mpirun -np <gpus> multi_gpu_train [OPTION]...      (multi_gpu_train --help lists the options)
 //
 // Each rank draws only its own rows of the seed's data (JAX's partitionable threefry: element i depends on
 // the key and i alone), standardizes them natively, and trains data-parallel. Rank 0 then runs the same
@@ -42,30 +36,54 @@ struct Options {
   std::string comm = dpmlp::default_communicator_t<ExecSpace>::name();
   std::string reduction = "reproducible";
   dpmlp::Engine engine = dpmlp::Engine::automatic;
+  dpmlp::TensorKernel tensor_kernel = dpmlp::TensorKernel::automatic;
   std::int64_t block_rows = 0;
 };
 
-Options parse(int argc, char* argv[]) {
-  Options o;
-  const cli::Args args(argc, argv);
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--allow-cpu-devices") o.allow_cpu = true;
-    else if (a == "--allow-single-cpu-device") o.allow_single = true;
-    else if (a == "--graph") o.graph = true;
-    else if (a == "--peer") o.peer = true;
-    else if (a == "--rows") o.rows = args.integer(i);
-    else if (a == "--cols") o.cols = args.int_value(i);
-    else if (a == "--hidden") o.hidden = args.int_value(i);
-    else if (a == "--steps") o.steps = args.int_value(i);
-    else if (a == "--warmup") o.warmup = args.int_value(i);
-    else if (a == "--block-rows") o.block_rows = args.integer(i);
-    else if (a == "--rate") o.rate = args.real(i);
-    else if (a == "--comm") o.comm = args.value(i);
-    else if (a == "--reduction") o.reduction = args.value(i);
-    else if (a == "--engine") o.engine = dpmlp::engine_from_name(args.value(i));
-    else throw dpmlp::InputError("unknown option '" + a + "' (see the comment at the top of multi_gpu_train.cpp)");
-  }
+#if defined(DPMLP_HAS_NCCL_COMMUNICATOR)
+constexpr const char* kComms = "mpi|nccl";
+#else
+constexpr const char* kComms = "mpi";
+#endif
+
+// The command line, bound to o: the one table that parse() reads and --help prints.
+cli::Parser command_line(Options& o) {
+  cli::Parser p("multi_gpu_train", "[OPTION]...",
+                "Train the seed's MLP data-parallel over every rank's accelerator (mpirun -np <gpus> "
+                "multi_gpu_train), then rerun the same steps on rank 0's device alone over all rows, and print PASS "
+                "if the two runs agree.");
+  p.flag("--allow-cpu-devices", o.allow_cpu,
+         "count each rank as one CPU device (exercises the program; not a hardware pass)");
+  p.flag("--allow-single-cpu-device", o.allow_single, "with --allow-cpu-devices, run on one rank too");
+  p.value("--rows", "N", o.rows, "rows of the seed's data, over all ranks");
+  p.value("--cols", "C", o.cols, "raw columns per row; the model sees 2*C standardized features");
+  p.value("--hidden", "H", o.hidden, "hidden units");
+  p.value("--steps", "S", o.steps, "training steps, full batch SGD");
+  p.value("--warmup", "S", o.warmup, "steps of a throwaway run before the timed one");
+  p.value("--rate", "R", o.rate, "SGD learning rate");
+  p.value("--comm", kComms, o.comm, "the communicator");
+  p.value("--reduction", "reproducible|fast", o.reduction,
+          "the gradient sum: reproducible (the same bits at any rank count) or fast (the allreduce's order)");
+  p.value("--block-rows", "B", o.block_rows, "rows per reduction block; 0 lets the trainer choose");
+  p.custom("--engine", "automatic|fused|tensor|layered", dpmlp::engine_name(o.engine), "the per-block gradient engine",
+           [&o](const cli::Args& a, int& i) { o.engine = dpmlp::engine_from_name(a.value(i)); });
+  p.custom("--tensor-kernel", "automatic|warp-matrix|register-resident|register-resident-paired",
+           dpmlp::tensor_kernel_name(o.tensor_kernel), "the tensor engine's kernel (EngineOptions::tensor_kernel)",
+           [&o](const cli::Args& a, int& i) { o.tensor_kernel = dpmlp::tensor_kernel_from_name(a.value(i)); });
+  p.flag("--graph", o.graph,
+         "on CUDA with NCCL, capture one step as a CUDA graph and replay it (TrainerOptions::cuda_graph)");
+  p.flag("--peer", o.peer,
+         "on CUDA, write the subtree sums straight into the other GPUs' memory (TrainerOptions::peer_exchange)");
+  p.example("mpirun -np 2 multi_gpu_train", "the seed's run on 2 GPUs");
+  p.example("mpirun -np 2 multi_gpu_train --allow-cpu-devices --comm mpi --steps 30",
+            "the same program on a CPU build, each rank counted as one device");
+  p.note("Exit status: 0 PASS, 1 FAIL, 2 bad input or a runtime error, 77 fewer than 2 physical accelerators "
+         "(skip).");
+  return p;
+}
+
+// The checks that need every option read.
+void check(const Options& o) {
   if (o.rows <= 0) throw dpmlp::InputError("--rows must be positive");
   if (o.cols <= 0 || o.hidden <= 0) throw dpmlp::InputError("--cols and --hidden must be positive");
   if (o.steps <= 0) throw dpmlp::InputError("--steps must be positive");
@@ -75,7 +93,6 @@ Options parse(int argc, char* argv[]) {
     throw dpmlp::InputError("--reduction must be reproducible or fast, got '" + o.reduction + "'");
   }
   if (o.allow_single && !o.allow_cpu) throw dpmlp::InputError("--allow-single-cpu-device needs --allow-cpu-devices");
-  return o;
 }
 
 struct RunResult {
@@ -100,6 +117,7 @@ RunResult run(MPI_Comm comm, const Options& o, bool timed) {
   topt.cuda_graph = o.graph;
   topt.peer_exchange = o.peer;
   topt.engine = o.engine;
+  topt.tensor_kernel = o.tensor_kernel;
   dpmlp::DataParallelTrainer<ExecSpace, Comm> trainer(comm, model, o.rows, sgd, topt);
   ExecSpace space;
 
@@ -192,9 +210,7 @@ int main_with(const Options& o) {
   return passed ? 0 : 1;
 }
 
-int main_checked(int argc, char* argv[]) {
-  Options o;
-  dpmlp::all_or_none(MPI_COMM_WORLD, [&] { o = parse(argc, argv); });
+int main_checked(const Options& o) {
   if (o.comm == "mpi") return main_with<dpmlp::MpiCommunicator>(o);
 #if defined(DPMLP_HAS_NCCL_COMMUNICATOR)
   if (o.comm == "nccl") return main_with<dpmlp::NcclCommunicator>(o);
@@ -208,19 +224,31 @@ int main_checked(int argc, char* argv[]) {
 
 }  // namespace
 
+// The command line is read before Kokkos starts: --help (printed by rank 0) and a bad option start no device.
 int main(int argc, char* argv[]) {
   MPI_Init(&argc, &argv);
-  dpmlp::initialize_kokkos_for_rank(MPI_COMM_WORLD);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   int code = 0;
   try {
-    code = main_checked(argc, argv);
+    Options o;
+    const cli::Parser parser = command_line(o);
+    bool run = true;
+    dpmlp::all_or_none(MPI_COMM_WORLD, [&] {
+      run = parser.parse(argc, argv);
+      if (run) check(o);
+    });
+    if (!run) {
+      if (rank == 0) parser.print_usage(stdout);
+    } else {
+      dpmlp::initialize_kokkos_for_rank(MPI_COMM_WORLD);
+      code = main_checked(o);
+    }
   } catch (const std::exception& e) {
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     std::fprintf(stderr, "multi_gpu_train: error (rank %d): %s\n", rank, e.what());
     code = 2;
   }
-  Kokkos::finalize();
+  if (Kokkos::is_initialized()) Kokkos::finalize();
   MPI_Finalize();
   return code;
 }

@@ -1,12 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // train_csv: regression on a numeric CSV file with dpmlp, data-parallel over MPI ranks.
 //
-//   mpirun -np N train_csv DATA.csv --target COLUMN [--hidden H] [--steps S] [--batch B [--epochs E]] [--rate R]
-//                          [--optimizer sgd|adam] [--momentum M] [--test-fraction F] [--seed K]
-//                          [--checkpoint FILE] [--write-split FILE] [--progress auto|bar|lines|off]
-//                          [--allow-cpu-devices]
-//
-// Defaults: --hidden 32 --steps 500 --optimizer adam --rate 0.01 (sgd: 0.05) --test-fraction 0.2 --seed 0.
+//   mpirun -np N train_csv DATA.csv --target COLUMN [OPTION]...   (train_csv --help lists the options)
 //
 // What it does:
 //   1. Rank 0 reads DATA.csv (dpmlp/csv.hpp: a header row, then numbers only) and splits its rows into train
@@ -28,10 +23,10 @@
 // --checkpoint FILE: if FILE exists, training resumes from it (parameters, optimizer state, step count), and
 //   FILE is written at the end. Resume with the same data, --target, --hidden, --optimizer, --seed and
 //   --test-fraction: the standardization is recomputed from the data and the split, not stored in FILE.
-// --progress: rank 0's progress display (dpmlp::ProgressBar). auto: a live line when stdout is a terminal,
-//   plain lines otherwise. Note that OpenMPI's mpirun gives the ranks a pseudo-terminal as stdout even when
-//   its own output goes to a pipe or a file, so under mpirun `auto` is the live line; pass --progress lines
-//   for logs.
+// --progress: rank 0's progress display (dpmlp::ProgressBar). auto: a live line when stdout is a terminal
+//   and the program was not started by an MPI launcher, plain lines otherwise (a pipe, a file, any mpirun:
+//   OpenMPI gives the ranks a pseudo-terminal as stdout even when its own output goes to a log); bar: the
+//   live line regardless, e.g. under mpirun on an interactive terminal; lines: plain lines; off: none.
 // --write-split FILE: rank 0 writes the split as CSV (`row,set` with row = 0-based data row, set = train or
 //   test), e.g. for benchmarks/ols_reference.py.
 //
@@ -74,44 +69,53 @@ struct Options {
   bool allow_cpu = false;
 };
 
-Options parse(int argc, char* argv[]) {
-  Options o;
-  const cli::Args args(argc, argv);
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--allow-cpu-devices") o.allow_cpu = true;
-    else if (a == "--target") o.target = args.value(i);
-    else if (a == "--hidden") o.hidden = args.int_value(i);
-    else if (a == "--steps") o.steps = args.int_value(i);
-    else if (a == "--batch") o.batch = args.integer(i);
-    else if (a == "--epochs") o.epochs = args.int_value(i);
-    else if (a == "--rate") o.rate = args.real(i);
-    else if (a == "--momentum") o.momentum = args.real(i);
-    else if (a == "--optimizer") o.optimizer = args.value(i);
-    else if (a == "--test-fraction") o.test_fraction = args.real(i);
-    else if (a == "--seed") {
-      const long long s = args.integer(i);
-      if (s < 0) throw dpmlp::InputError("--seed must not be negative");
-      o.seed = static_cast<unsigned long long>(s);
-    } else if (a == "--checkpoint") o.checkpoint = args.value(i);
-    else if (a == "--write-split") o.write_split = args.value(i);
-    else if (a == "--progress") o.progress = args.value(i);
-    else if (a.size() > 1 && a[0] == '-') {
-      throw dpmlp::InputError("unknown option '" + a + "' (see the comment at the top of train_csv.cpp)");
-    } else if (o.data.empty()) {
-      o.data = a;
-    } else {
-      throw dpmlp::InputError("more than one data file ('" + o.data + "', '" + a + "')");
-    }
+// The command line, bound to o: the one table that parse() reads and --help prints.
+cli::Parser command_line(Options& o) {
+  cli::Parser p("train_csv", "DATA.csv --target COLUMN [OPTION]...",
+                "Fit an MLP (features -> H relu -> 1) to one column of a numeric CSV file, data-parallel over the "
+                "MPI ranks (mpirun -np N train_csv ...), and print the train and test mean squared errors.");
+  p.operands([&o](const std::string& a) {
+    if (!o.data.empty()) throw dpmlp::InputError("more than one data file ('" + o.data + "', '" + a + "')");
+    o.data = a;
+  });
+  p.value("--target", "COLUMN", o.target, "the column to predict (required); every other column is a feature");
+  p.value("--hidden", "H", o.hidden, "hidden units");
+  p.value("--steps", "S", o.steps, "training steps (with --batch: at least S, in whole epochs)");
+  p.value("--batch", "B", o.batch, "rows per mini-batch; 0, or at least the training rows, is full batch");
+  p.custom("--epochs", "E", "enough whole epochs for --steps", "epochs of mini-batches",
+           [&o](const cli::Args& a, int& i) {
+             o.epochs = a.int_value(i);
+             if (o.epochs <= 0) throw dpmlp::InputError("--epochs must be positive");
+           });
+  p.value("--optimizer", "sgd|adam", o.optimizer, "the optimizer");
+  p.value("--rate", "R", o.rate, "learning rate", "0.01 with adam, 0.05 with sgd");
+  p.value("--momentum", "M", o.momentum, "SGD momentum, in [0, 1)");
+  p.value("--test-fraction", "F", o.test_fraction, "the share of rows held out for the test error, in [0, 1)");
+  p.value("--seed", "K", o.seed, "seeds the split, the initial parameters and the order of the batches");
+  p.value("--checkpoint", "FILE", o.checkpoint, "resume from FILE if it exists; write FILE at the end");
+  p.value("--write-split", "FILE", o.write_split, "write the train/test split to FILE as CSV (row,set)");
+  p.value("--progress", "auto|bar|lines|off", o.progress,
+          "rank 0's progress: a live line (bar), plain lines, or none; auto: bar on a terminal, lines on a pipe, "
+          "a file or under an MPI launcher");
+  p.flag("--allow-cpu-devices", o.allow_cpu, "count each rank as one CPU device (CPU builds)");
+  p.example("mpirun -np 2 train_csv houses.csv --target price",
+            "predict price from the other columns on 2 GPUs: 500 full-batch Adam steps");
+  p.example("mpirun -np 2 train_csv data.csv --target y --batch 64 > train.log",
+            "mini-batches of 64 rows; the log gets plain progress lines");
+  p.note("Exit status: 0 done, 2 bad input or a runtime error (the message is printed on every rank), 77 fewer "
+         "than 2 physical accelerators (CPU builds: pass --allow-cpu-devices).");
+  return p;
+}
+
+// The checks that need every option read.
+void check(Options& o) {
+  if (o.data.empty()) {
+    throw dpmlp::InputError("no data file (usage: train_csv DATA.csv --target COLUMN [OPTION]...; see --help)");
   }
-  if (o.data.empty()) throw dpmlp::InputError("no data file (usage: train_csv DATA.csv --target COLUMN [options])");
   if (o.target.empty()) throw dpmlp::InputError("--target COLUMN is required (the column to predict)");
   if (o.hidden <= 0) throw dpmlp::InputError("--hidden must be positive");
   if (o.steps <= 0) throw dpmlp::InputError("--steps must be positive");
   if (o.batch < 0) throw dpmlp::InputError("--batch must not be negative");
-  for (int i = 1; i < argc; ++i) {
-    if (std::string(argv[i]) == "--epochs" && o.epochs <= 0) throw dpmlp::InputError("--epochs must be positive");
-  }
   if (o.optimizer != "sgd" && o.optimizer != "adam") {
     throw dpmlp::InputError("--optimizer must be sgd or adam, got '" + o.optimizer + "'");
   }
@@ -123,7 +127,6 @@ Options parse(int argc, char* argv[]) {
   if (o.progress != "auto" && o.progress != "bar" && o.progress != "lines" && o.progress != "off") {
     throw dpmlp::InputError("--progress must be auto, bar, lines or off, got '" + o.progress + "'");
   }
-  return o;
 }
 
 // What every rank knows about the data set after rank 0 has read it.
@@ -376,9 +379,7 @@ int run(const Options& o, const Optimizer& optimizer, int devices) {
   return 0;
 }
 
-int main_checked(int argc, char* argv[]) {
-  Options o;
-  dpmlp::all_or_none(MPI_COMM_WORLD, [&] { o = parse(argc, argv); });
+int main_checked(const Options& o) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   const int found = dpmlp::count_physical_devices<ExecSpace>(MPI_COMM_WORLD, o.allow_cpu);
@@ -392,19 +393,31 @@ int main_checked(int argc, char* argv[]) {
 
 }  // namespace train_csv
 
+// The command line is read before Kokkos starts: --help (printed by rank 0) and a bad option start no device.
 int main(int argc, char* argv[]) {
   MPI_Init(&argc, &argv);
-  dpmlp::initialize_kokkos_for_rank(MPI_COMM_WORLD);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   int code = 0;
   try {
-    code = train_csv::main_checked(argc, argv);
+    train_csv::Options o;
+    const cli::Parser parser = train_csv::command_line(o);
+    bool run = true;
+    dpmlp::all_or_none(MPI_COMM_WORLD, [&] {
+      run = parser.parse(argc, argv);
+      if (run) train_csv::check(o);
+    });
+    if (!run) {
+      if (rank == 0) parser.print_usage(stdout);
+    } else {
+      dpmlp::initialize_kokkos_for_rank(MPI_COMM_WORLD);
+      code = train_csv::main_checked(o);
+    }
   } catch (const std::exception& e) {
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     std::fprintf(stderr, "train_csv: error (rank %d): %s\n", rank, e.what());
     code = 2;
   }
-  Kokkos::finalize();
+  if (Kokkos::is_initialized()) Kokkos::finalize();
   MPI_Finalize();
   return code;
 }

@@ -6,8 +6,13 @@
 
 #include <dpmlp/callbacks.hpp>
 
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -129,6 +134,111 @@ TEST_CASE("ProgressBar's automatic mode sees that a tmpfile is not a terminal", 
   CHECK_FALSE(bar.terminal());
   CHECK(cap.text().rfind("step 1/1 loss 1 ", 0) == 0);
   CHECK_THROWS_AS(dpmlp::ProgressBar(cap.f, -1), dpmlp::InputError);
+}
+
+TEST_CASE("ProgressBar's automatic mode writes no control characters to a file", "[callbacks]") {
+  Capture cap;
+  dpmlp::ProgressBar bar(cap.f);  // Mode::automatic, about ten lines
+  bar.set_min_redraw_ms(0);
+  drive(bar, std::vector<double>(40, 0.5), 40);
+  CHECK_FALSE(bar.terminal());
+  const std::string s = cap.text();
+  CHECK(s.find('\033') == std::string::npos);
+  CHECK(s.find('\r') == std::string::npos);
+  CHECK(lines_of(s).size() == 11);
+}
+
+namespace {
+
+// The variables ProgressBar::launched_by_mpi reads, cleared (and one of them set, if asked) for the
+// lifetime of this object, then put back as they were.
+class LauncherEnvironment {
+ public:
+  explicit LauncherEnvironment(const char* set = nullptr) {
+    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "PMIX_RANK", "SLURM_PROCID"}) {
+      const char* v = std::getenv(name);
+      saved_.emplace_back(name, v ? std::make_pair(true, std::string(v)) : std::make_pair(false, std::string()));
+      unsetenv(name);
+    }
+    if (set) setenv(set, "2", 1);
+  }
+  ~LauncherEnvironment() {
+    for (const auto& s : saved_) {
+      if (s.second.first) {
+        setenv(s.first.c_str(), s.second.second.c_str(), 1);
+      } else {
+        unsetenv(s.first.c_str());
+      }
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::pair<bool, std::string>>> saved_;
+};
+
+// A pseudo-terminal: `out` writes to its terminal side; read() returns what arrived at the other side.
+struct PseudoTerminal {
+  int master = -1;
+  std::FILE* out = nullptr;
+  PseudoTerminal() {
+    master = posix_openpt(O_RDWR | O_NOCTTY);
+    if (master < 0 || grantpt(master) != 0 || unlockpt(master) != 0) return;
+    const char* name = ptsname(master);
+    const int fd = name ? open(name, O_RDWR | O_NOCTTY) : -1;
+    if (fd >= 0) out = fdopen(fd, "w");
+    fcntl(master, F_SETFL, fcntl(master, F_GETFL) | O_NONBLOCK);
+  }
+  ~PseudoTerminal() {
+    if (out) std::fclose(out);
+    if (master >= 0) close(master);
+  }
+  std::string read() const {
+    std::fflush(out);
+    std::string s;
+    char buf[4096];
+    ssize_t n = 0;
+    while ((n = ::read(master, buf, sizeof buf)) > 0) s.append(buf, static_cast<std::size_t>(n));
+    return s;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("ProgressBar's automatic mode on a terminal: the live line, unless an MPI launcher started the process",
+          "[callbacks]") {
+  PseudoTerminal pty;
+  if (!pty.out) {
+    WARN("no pseudo-terminal here (posix_openpt failed); not checked");
+    return;
+  }
+  REQUIRE(isatty(fileno(pty.out)) == 1);
+  SECTION("a plain process: the live line") {
+    LauncherEnvironment env;
+    CHECK_FALSE(dpmlp::ProgressBar::launched_by_mpi());
+    dpmlp::ProgressBar bar(pty.out);
+    drive(bar, {1.0, 0.5, 0.25}, 3);
+    CHECK(bar.terminal());
+    CHECK(pty.read().find("\033[K") != std::string::npos);
+  }
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "PMIX_RANK", "SLURM_PROCID"}) {
+    DYNAMIC_SECTION("started by a launcher that sets " << var << ": plain lines") {
+      LauncherEnvironment env(var);
+      CHECK(dpmlp::ProgressBar::launched_by_mpi());
+      dpmlp::ProgressBar bar(pty.out);
+      drive(bar, {1.0, 0.5, 0.25}, 3);
+      CHECK_FALSE(bar.terminal());
+      const std::string s = pty.read();
+      CHECK(s.find("step 3/3 loss 0.25 ") != std::string::npos);
+      CHECK(s.find('\033') == std::string::npos);
+    }
+  }
+  SECTION("Mode::terminal forces the live line under a launcher") {
+    LauncherEnvironment env("OMPI_COMM_WORLD_SIZE");
+    dpmlp::ProgressBar bar(pty.out, 0, dpmlp::ProgressBar::Mode::terminal);
+    drive(bar, {1.0, 0.5}, 2);
+    CHECK(bar.terminal());
+    CHECK(pty.read().find("\033[K") != std::string::npos);
+  }
 }
 
 TEST_CASE("EarlyStopping: stops after `patience` steps without an improvement of more than min_delta",

@@ -31,6 +31,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <vector>
@@ -42,18 +43,24 @@ namespace dpmlp {
 
 // Progress of a training run, printed by rank 0 only (other ranks print nothing).
 //
-// On a terminal (isatty on the FILE*'s descriptor; Mode::terminal / Mode::lines force either), one line rewritten in place ("\r" ... "\033[K"), at most
-// every `min_redraw_ms` and always at the last step:
+// Live line (Mode::terminal): one line rewritten in place ("\r" ... "\033[K"), at most every
+// `min_redraw_ms` and always at the last step:
 //   step 40/100  loss 0.123457  0.213 ms/step  ETA 0.0 s
-// Elsewhere (a pipe, a log file), one plain line every `every` steps and at the last step:
+// Plain lines (Mode::lines): one line every `every` steps and at the last step, no control characters:
 //   step 40/100 loss 0.123457 ms/step 0.213 eta_s 0.013
 // and at the end of the run, in both modes:
 //   done 100 steps loss 1.041 -> 0.0123 in 0.021 s
+// Mode::automatic (the default) chooses at begin_training: the live line when the FILE*'s descriptor is a
+// terminal (isatty) and the process was not started by an MPI launcher, plain lines otherwise. So output to a
+// pipe or a file never gets escape codes, under mpirun too: OpenMPI's mpirun gives each rank a pseudo-terminal
+// as stdout even when mpirun's own output goes to a pipe or a file, and a rank cannot tell the two apart.
+// An MPI launcher is recognized by the variables it sets in its processes' environment (launched_by_mpi():
+// OpenMPI's OMPI_COMM_WORLD_SIZE, MPICH/Hydra's PMI_RANK or PMI_SIZE, PMIx's PMIX_RANK, Slurm srun's
+// SLURM_PROCID); they choose the output's format only, never anything computed. Mode::terminal forces the live
+// line (mpirun on an interactive terminal), Mode::lines the plain lines.
 // Step numbers count all train() calls on the trainer (StepInfo::step), so a resumed run continues where the
 // checkpoint left off; "/N" is the step at which this call will end if nothing stops it. ms/step is the mean
 // over this call's steps so far, and the ETA is that mean times the steps left.
-// Under OpenMPI's mpirun a rank's stdout is a pseudo-terminal even when mpirun's own output is a pipe or a
-// file, so Mode::automatic draws the live line there; programs that log should offer Mode::lines.
 class ProgressBar {
  public:
   enum class Mode { automatic, terminal, lines };
@@ -72,6 +79,15 @@ class ProgressBar {
   // Whether this bar writes the live line (resolved at begin_training for Mode::automatic).
   bool terminal() const { return terminal_; }
 
+  // Whether an MPI launcher (or Slurm's srun) started this process, from the variables it sets in the
+  // process's environment. Mode::automatic reads this to choose a format, nothing else.
+  static bool launched_by_mpi() {
+    for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "PMIX_RANK", "SLURM_PROCID"}) {
+      if (std::getenv(name) != nullptr) return true;
+    }
+    return false;
+  }
+
   void begin_training(const TrainInfo& info) {
     active_ = info.rank == 0 && out_ != nullptr;
     total_ = info.steps_before + info.steps;
@@ -83,7 +99,7 @@ class ProgressBar {
     if (!active_) return;
     if (mode_ == Mode::automatic) {
       const int fd = fileno(out_);
-      terminal_ = fd >= 0 && isatty(fd) == 1;
+      terminal_ = fd >= 0 && isatty(fd) == 1 && !launched_by_mpi();
     } else {
       terminal_ = mode_ == Mode::terminal;
     }
