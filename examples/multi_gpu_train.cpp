@@ -32,7 +32,7 @@ struct Options {
   bool allow_cpu = false, allow_single = false, graph = false, peer = false;
   std::int64_t rows = 20000;
   int cols = 16, hidden = 32, steps = 100, warmup = 5;
-  double rate = 0.02;
+  double rate = 0.02, peer_timeout = 60;
   std::string comm = dpmlp::default_communicator_t<ExecSpace>::name();
   std::string reduction = "reproducible";
   dpmlp::Engine engine = dpmlp::Engine::automatic;
@@ -74,6 +74,8 @@ cli::Parser command_line(Options& o) {
          "on CUDA with NCCL, capture one step as a CUDA graph and replay it (TrainerOptions::cuda_graph)");
   p.flag("--peer", o.peer,
          "on CUDA, write the subtree sums straight into the other GPUs' memory (TrainerOptions::peer_exchange)");
+  p.value("--peer-timeout", "S", o.peer_timeout,
+          "with --peer, seconds a rank waits for another before the run fails (TrainerOptions::peer_timeout_s)");
   p.example("mpirun -np 2 multi_gpu_train", "the seed's run on 2 GPUs");
   p.example("mpirun -np 2 multi_gpu_train --allow-cpu-devices --comm mpi --steps 30",
             "the same program on a CPU build, each rank counted as one device");
@@ -116,6 +118,7 @@ RunResult run(MPI_Comm comm, const Options& o, bool timed) {
   topt.block_rows = o.block_rows;
   topt.cuda_graph = o.graph;
   topt.peer_exchange = o.peer;
+  topt.peer_timeout_s = o.peer_timeout;
   topt.engine = o.engine;
   topt.tensor_kernel = o.tensor_kernel;
   dpmlp::DataParallelTrainer<ExecSpace, Comm> trainer(comm, model, o.rows, sgd, topt);
