@@ -4,7 +4,7 @@
 the chart docs/img/cpu-benchmarks.png.
 
   (a) standardize: dpmlp::Standardizer::transform_rows (cpu_standardize_bench, one thread) against numpy's
-      standardize_np (shared/anchors/jax_ref.py, copied below), on 20000x16 and 1Mx16 raw doubles.
+      standardize_np (benchmarks/anchors/jax_ref.py, copied below), on 20000x16 and 1Mx16 raw doubles.
       Goal: dpmlp >= 15x faster.
   (b) training at the seed size (20000 rows, 32 -> 32 -> 1, 100 full-batch SGD steps, rate 0.02): dpmlp's
       train_bench on 2 MPI ranks x 1 thread against PyTorch on the CPU with 2 threads. Goal: >= 2x faster.
@@ -35,7 +35,7 @@ ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIR
 
 
 def standardize_np(raw, rows, cols):
-    # Verbatim from shared/anchors/jax_ref.py (the anchor the goal is stated against).
+    # Verbatim from benchmarks/anchors/jax_ref.py (the anchor the goal is stated against).
     import numpy as np
 
     r = raw.reshape(rows, cols)

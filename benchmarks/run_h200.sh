@@ -2,13 +2,13 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # The GPU benchmark driver: dpmlp (train_bench) and the two anchors (JAX, PyTorch DDP) in one machine
 # session, so every ratio comes from one run. Run from the repository root on the 2xH200 machine, with the
-# CUDA build at $B (default /tmp/build-cuda) and the anchors in .carry/anchors. Writes under $OUT:
+# CUDA build at $B (default /tmp/build-cuda); the anchors are benchmarks/anchors. Writes under $OUT:
 #   dpmlp.jsonl (one line per train_bench run), jax_ref.json, ddp_ref.json, and their logs.
 # Then: python3 benchmarks/assemble_h200.py $OUT benchmarks/results/h200x2-<date>.json
 set -uo pipefail
 OUT="${OUT:-$PWD/out}"
 B="${B:-/tmp/build-cuda}"
-ANCHORS="${ANCHORS:-.carry/anchors}"
+ANCHORS="${ANCHORS:-benchmarks/anchors}"
 mkdir -p "$OUT"
 if [ -f .carry/builds.tar.xz ] && [ ! -d .carry/build-cuda ]; then tar -xJf .carry/builds.tar.xz -C .carry; fi
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// tests/json_lite.hpp: a small JSON reader for the tests' reference files (../shared/reference/*.json).
+// tests/json_lite.hpp: a small JSON reader for the tests' reference files (tests/data/*.json).
 //
 // It reads all of RFC 8259 (objects, arrays, numbers, strings with every escape, true/false/null) plus the
 // NaN / Infinity / -Infinity tokens that Python's json.dump writes by default. Numbers keep their source text

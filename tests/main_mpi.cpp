@@ -7,9 +7,6 @@
 // Only rank 0 writes to stdout (colour off); set DPMLP_TEST_ALL_RANKS=1 to see every rank's report. A test
 // must not REQUIRE-fail on one rank before a collective (the other ranks would wait forever): tests use
 // CHECK, or agree on a condition first with dpmlp_test::all(...) from mpi_test_util.hpp.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
-
 #include <mpi.h>
 
 #include <cstdio>
@@ -17,6 +14,8 @@
 
 #include <dpmlp/devices.hpp>
 #include <dpmlp/kokkos_compat.hpp>
+
+#include "catch_session.hpp"
 
 int main(int argc, char* argv[]) {
   MPI_Init(&argc, &argv);
@@ -31,12 +30,7 @@ int main(int argc, char* argv[]) {
   }
 
   dpmlp::initialize_kokkos_for_rank(MPI_COMM_WORLD);
-  int failures = 0;
-  {
-    Catch::Session session;
-    session.configData().useColour = Catch::UseColour::No;
-    failures = session.run(argc, argv);
-  }
+  const int failures = dpmlp_test::run_catch_session(argc, argv);
   int failed_here = failures != 0 ? 1 : 0, ranks_failed = 0;
   MPI_Allreduce(&failed_here, &ranks_failed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (rank == 0 && ranks_failed > 0) {

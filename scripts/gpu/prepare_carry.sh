@@ -3,9 +3,9 @@
 # Stages what a GPU-machine run needs into .carry/ (git-ignored), for the `device` tool's `carry`:
 #   .carry/build-cuda   the CUDA build's executables and CTest files (stripped), at /tmp/build-cuda there
 #   .carry/build-port   optional: a build with cuBLAS and NCCL off (the portable path)
-#   .carry/reference    ../shared/reference (the tests read it from /work/shared/reference)
-#   .carry/anchors      ../shared/anchors (jax_ref.py, ddp_ref.py)
 #   .carry/builds.tar.xz  the two builds packed, when they would pass 60 MB
+# The tests' reference data (tests/data) and the anchors (benchmarks/anchors) are in the repository, which
+# travels with every call as it is.
 # Usage: scripts/gpu/prepare_carry.sh <cuda build dir> [<portable build dir>]
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -22,8 +22,6 @@ stage() {  # stage <build dir> <name>
 }
 stage "$1" build-cuda
 if [ $# -ge 2 ]; then stage "$2" build-port; fi
-cp -r ../shared/reference .carry/reference
-cp -r ../shared/anchors .carry/anchors
 # The device tool carries at most 64 MiB: past 60 MB, the builds travel as one .tar.xz (the GPU-side scripts
 # unpack it). Every trainer executable holds the tensor kernels' instantiations (~2.6 MB each).
 if [ "$(du -sb .carry | cut -f1)" -gt 60000000 ]; then

@@ -7,7 +7,7 @@
 set -uo pipefail
 root="$(pwd)"
 OUT="${OUT:-$root/out}"
-mkdir -p "$OUT" /work/shared
+mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 # The CTest files name the build and source folders of the build machine.
 rm -rf /tmp/build-cuda /tmp/build-port /tmp/build-cuda2
@@ -20,9 +20,15 @@ ln -sfn "$root" /tmp/dpmlp-snap2
 # The CTest files call the build machine's /usr/bin/cmake (the example digest test is a CMake script).
 [ -x /usr/bin/cmake ] || ln -sfn "$(command -v cmake)" /usr/bin/cmake
 [ -e /work/main ] || ln -sfn "$root" /work/main
-rm -rf /work/shared/reference && cp -r .carry/reference /work/shared/reference
 steps="${*:-info example refuse ctest sanitize portable}"
 B=/tmp/build-cuda
+# The tests read the reference data from the folder their build was configured with (DPMLP_REFERENCE_DIR, by
+# default <source>/tests/data). Where that folder is not on this machine, it becomes a link to this
+# checkout's tests/data.
+for dir in $B /tmp/build-port; do
+  ref=$(sed -n 's/^DPMLP_REFERENCE_DIR:PATH=//p' "$dir/CMakeCache.txt" 2>/dev/null)
+  if [ -n "$ref" ] && [ ! -e "$ref" ]; then mkdir -p "$(dirname "$ref")" && ln -sfn "$root/tests/data" "$ref"; fi
+done
 run() {  # run <label> <timeout s> <command...>: echo the exact command, its output and exit code
   local label="$1" limit="$2"; shift 2
   echo
