@@ -22,7 +22,7 @@ gpus = open(f"{session}/gpus.txt").read().strip().splitlines()
 def config(r):
     engine = r.get("engine", "layered")
     engine = engine if engine in ("fused", "tensor") else f"layered-{r['gemm']}"
-    if r.get("tensor_kernel"):  # a tensor kernel forced by DPMLP_TENSOR_KERNEL
+    if r.get("tensor_kernel"):  # a tensor kernel forced by --tensor-kernel
         engine += "-" + r["tensor_kernel"]
     return (f"{r['comm']}/{r['reduction']}/{engine}" + ("/peer" if r.get("peer") else "")
             + ("/graph" if r.get("graph") else ""))
@@ -38,7 +38,7 @@ for jb in jax["bench"]:
         entry["ddp_multi_ms"] = statistics.median(db["multi_ms"])
         entry["ddp_single_ms"] = statistics.median(db["single_ms"])
     for ranks, key in ((2, "multi"), (1, "single")):
-        # Not the runs with a tensor kernel forced by DPMLP_TENSOR_KERNEL (a measurement setting, not an
+        # Not the runs with a tensor kernel forced by --tensor-kernel (a measurement setting, not an
         # option a user sets): they are there to compare the kernels side by side.
         ok = [r for r in runs if r["rows"] == rows and r["hidden"] == hidden and r["ranks"] == ranks
               and r["check"] == "pass" and not r.get("tensor_kernel")]

@@ -35,14 +35,13 @@ for np in 2 1; do
   bench $np 150 --rows 1048576 --hidden 256 --graph --repeats 3
   bench $np 200 --rows 4194304 --hidden 256 --graph --repeats 3
 done
-# The tensor engine's warp-matrix kernel forced (DPMLP_TENSOR_KERNEL=wmma), for the kernels side by side;
+# The tensor engine's warp-matrix kernel forced (--tensor-kernel warp-matrix), for the kernels side by side;
 # its lines are tagged so the assembly tells them apart.
 wmma() {  # wmma <limit s> <args...>
   local limit="$1"; shift
-  echo "\$ DPMLP_TENSOR_KERNEL=wmma mpirun -np 2 train_bench $*" | tee -a "$OUT/dpmlp.log"
-  DPMLP_TENSOR_KERNEL=wmma timeout "$limit" mpirun -np 2 -x NCCL_NVLS_ENABLE -x DPMLP_TENSOR_KERNEL \
-    "$B/benchmarks/train_bench" "$@" 2>>"$OUT/dpmlp.log" | sed 's/^{/{"tensor_kernel": "wmma", /' \
-    | tee -a "$OUT/dpmlp.jsonl"
+  echo "\$ mpirun -np 2 train_bench --tensor-kernel warp-matrix $*" | tee -a "$OUT/dpmlp.log"
+  timeout "$limit" mpirun -np 2 -x NCCL_NVLS_ENABLE "$B/benchmarks/train_bench" --tensor-kernel warp-matrix "$@" \
+    2>>"$OUT/dpmlp.log" | sed 's/^{/{"tensor_kernel": "wmma", /' | tee -a "$OUT/dpmlp.jsonl"
 }
 wmma 120 --rows 20000 --hidden 32 --peer --graph
 wmma 120 --rows 1048576 --hidden 32 --graph
@@ -50,7 +49,9 @@ wmma 150 --rows 1048576 --hidden 256 --graph --repeats 3
 wmma 200 --rows 4194304 --hidden 256 --graph --repeats 3
 # The layered engine with cuBLAS (Reduction::fast), for comparison at the FMA-bound size.
 bench 2 200 --rows 4194304 --hidden 256 --reduction fast --engine layered --repeats 3
-(cd "$OUT" && OUT="$OUT" timeout 300 python3 "$OLDPWD/$ANCHORS/jax_ref.py" > "$OUT/jax_ref.log" 2>&1; echo "jax_ref exit $?")
+(cd "$OUT" && OUT="$OUT" JAX_DEFAULT_MATMUL_PRECISION=highest NVIDIA_TF32_OVERRIDE=0 \
+  timeout 300 python3 "$OLDPWD/$ANCHORS/jax_ref.py" > "$OUT/jax_ref.log" 2>&1; echo "jax_ref exit $?")
 tail -6 "$OUT/jax_ref.log"
-(cd "$OUT" && OUT="$OUT" timeout 300 torchrun --nproc_per_node=2 "$OLDPWD/$ANCHORS/ddp_ref.py" > "$OUT/ddp_ref.log" 2>&1; echo "ddp_ref exit $?")
+(cd "$OUT" && OUT="$OUT" NVIDIA_TF32_OVERRIDE=0 \
+  timeout 300 torchrun --nproc_per_node=2 "$OLDPWD/$ANCHORS/ddp_ref.py" > "$OUT/ddp_ref.log" 2>&1; echo "ddp_ref exit $?")
 tail -8 "$OUT/ddp_ref.log"

@@ -3,7 +3,8 @@
 # Hardware validation on the 2xH200 machine, with binaries built elsewhere (scripts/gpu/prepare_carry.sh).
 # Runs from the repository root there; writes logs under $OUT. Every step has a time limit; a failing
 # step is recorded and the script goes on.
-#   scripts/gpu/validate_h200.sh [steps...]   steps: info example refuse ctest sanitize portable (default all)
+#   scripts/gpu/validate_h200.sh [steps...]   steps: info example refuse ctest sanitize portable (default all),
+#                                             or, on a machine with one GPU: info single refuse
 set -uo pipefail
 root="$(pwd)"
 OUT="${OUT:-$root/out}"
@@ -56,8 +57,8 @@ for step in $steps; do
       run "multi_gpu_train, 2 GPUs, fast reduction" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE $B/examples/multi_gpu_train --reduction fast
       # At the seed size Engine::automatic picks the register-resident tensor kernel (since 26edb9c); the
       # warp-matrix one forced:
-      run "multi_gpu_train, 2 GPUs, NCCL, DPMLP_TENSOR_KERNEL=wmma" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE \
-        -x DPMLP_TENSOR_KERNEL=wmma $B/examples/multi_gpu_train
+      run "multi_gpu_train, 2 GPUs, NCCL, warp-matrix tensor kernel" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE \
+        $B/examples/multi_gpu_train --tensor-kernel warp-matrix
       # The peer exchange (TrainerOptions::peer_exchange): the same digest, plain and graphed, either communicator.
       run "multi_gpu_train, 2 GPUs, peer exchange" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE $B/examples/multi_gpu_train --peer
       run "multi_gpu_train, 2 GPUs, peer exchange, CUDA graph" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE \
@@ -65,8 +66,21 @@ for step in $steps; do
       run "multi_gpu_train, 2 GPUs, MPI communicator, peer exchange" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE \
         $B/examples/multi_gpu_train --comm mpi --peer
       # The exchange behind the warp-matrix kernel too:
-      run "multi_gpu_train, 2 GPUs, peer exchange, CUDA graph, DPMLP_TENSOR_KERNEL=wmma" 300 mpirun -np 2 \
-        -x NCCL_NVLS_ENABLE -x DPMLP_TENSOR_KERNEL=wmma $B/examples/multi_gpu_train --peer --graph
+      run "multi_gpu_train, 2 GPUs, peer exchange, CUDA graph, warp-matrix tensor kernel" 300 mpirun -np 2 \
+        -x NCCL_NVLS_ENABLE $B/examples/multi_gpu_train --peer --graph --tensor-kernel warp-matrix
+      ;;
+    single)
+      # One GPU: every test at one rank (the examples need two GPUs, the consumer projects the build machine's
+      # paths, the command-line checks several ranks of a CPU build), then the trainer's tests at two ranks
+      # sharing the GPU (the MPI communicator: NCCL refuses two ranks on one GPU; the peer exchange's tests
+      # skip there).
+      run "ctest, one GPU: every test at one rank" 580 \
+        bash -c "cd $B && ctest --output-on-failure -LE 'consumer|example' -E '_np[234]\$|^cli_|^tcp_transport' --timeout 240"
+      run "test_trainer_mpi, 2 ranks sharing the GPU" 400 mpirun -np 2 $B/tests/test_trainer_mpi
+      run "compute-sanitizer memcheck: test_trainer_mpi [fused] (fused engine and every tensor kernel)" 300 \
+        mpirun -np 1 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/test_trainer_mpi "[fused]"
+      run "compute-sanitizer racecheck: test_trainer_mpi [fused] (fused engine and every tensor kernel)" 300 \
+        mpirun -np 1 compute-sanitizer --tool racecheck --error-exitcode 9 $B/tests/test_trainer_mpi "[fused]"
       ;;
     refuse)
       run "multi_gpu_train with one visible GPU (expect the refusal, exit 77)" 120 \
@@ -86,21 +100,18 @@ for step in $steps; do
       for tool in memcheck racecheck; do
         # A sanitized rank can be far slower than its peer: the exchange's waits get 600 s instead of 60.
         run "compute-sanitizer $tool: multi_gpu_train, peer exchange (10 steps)" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE \
-          -x DPMLP_PEER_TIMEOUT_S=600 compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 $B/examples/multi_gpu_train \
-          --steps 10 --warmup 1 --peer
+          compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 $B/examples/multi_gpu_train \
+          --steps 10 --warmup 1 --peer --peer-timeout 600
         run "compute-sanitizer $tool: multi_gpu_train, NCCL (10 steps)" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE \
           compute-sanitizer --tool $tool --report-api-errors no --error-exitcode 9 $B/examples/multi_gpu_train \
           --steps 10 --warmup 1
         run "compute-sanitizer $tool: test_trainer_mpi (two test cases)" 300 mpirun -np 2 -x NCCL_NVLS_ENABLE \
           compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/test_trainer_mpi \
           "*deeper models*"
-        # The fused and tensor kernels share a block's shared memory across several barriers a chunk; both
-        # tensor kernels, forced in turn (the tests' small shapes would pick the warp-matrix one).
-        for k in mma wmma; do
-          run "compute-sanitizer $tool: test_trainer_mpi [fused] (fused and tensor engines, tensor kernel $k, 1 GPU)" \
-            300 mpirun -np 1 -x DPMLP_TENSOR_KERNEL=$k \
-            compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/test_trainer_mpi "[fused]"
-        done
+        # The fused and tensor kernels share a block's shared memory across several barriers a chunk; the
+        # [fused] tests run every tensor kernel that takes their shapes.
+        run "compute-sanitizer $tool: test_trainer_mpi [fused] (fused engine and every tensor kernel, 1 GPU)" \
+          300 mpirun -np 1 compute-sanitizer --tool $tool --error-exitcode 9 $B/tests/test_trainer_mpi "[fused]"
         for t in test_comm_mpi test_evaluator; do
           for dir in $B /tmp/build-port; do
             if [ -x $dir/tests/$t ]; then
