@@ -4,7 +4,7 @@
 # Runs from the repository root there; writes logs under $OUT. Every step has a time limit; a failing
 # step is recorded and the script goes on.
 #   scripts/gpu/validate_h200.sh [steps...]   steps: info example refuse ctest sanitize portable (default all),
-#                                             or, on a machine with one GPU: info single refuse
+#                                             or, on a machine with one GPU: info single single-sanitize refuse
 set -uo pipefail
 root="$(pwd)"
 OUT="${OUT:-$root/out}"
@@ -77,6 +77,8 @@ for step in $steps; do
       run "ctest, one GPU: every test at one rank" 580 \
         bash -c "cd $B && ctest --output-on-failure -LE 'consumer|example' -E '_np[234]\$|^cli_|^tcp_transport' --timeout 240"
       run "test_trainer_mpi, 2 ranks sharing the GPU" 400 mpirun -np 2 $B/tests/test_trainer_mpi
+      ;;
+    single-sanitize)
       run "compute-sanitizer memcheck: test_trainer_mpi [fused] (fused engine and every tensor kernel)" 300 \
         mpirun -np 1 compute-sanitizer --tool memcheck --error-exitcode 9 $B/tests/test_trainer_mpi "[fused]"
       run "compute-sanitizer racecheck: test_trainer_mpi [fused] (fused engine and every tensor kernel)" 300 \
