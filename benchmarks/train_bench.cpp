@@ -57,30 +57,12 @@ cli::Parser command_line(Options& o) {
                 "Time dpmlp training on the seed's problem at any size, on 1 or more ranks (mpirun -np <ranks> "
                 "train_bench), and print one JSON line: every repeat's time, the median, and a check against a "
                 "one-device run.");
-  p.value("--rows", "N", o.rows, "rows of the seed's data, over all ranks");
-  p.value("--cols", "C", o.cols, "raw columns per row; the model sees 2*C standardized features");
-  p.value("--hidden", "H", o.hidden, "hidden units");
-  p.value("--steps", "S", o.steps, "training steps per repeat");
+  seed::add_options(p, o, kComms, "training steps per repeat", "steps of a throwaway run before the repeats");
   p.value("--repeats", "R", o.repeats, "timed repeats, each a fresh trainer from the same parameters");
-  p.value("--warmup", "S", o.warmup, "steps of a throwaway run before the repeats");
-  p.value("--rate", "R", o.rate, "SGD learning rate");
-  p.value("--comm", kComms, o.comm, "the communicator");
-  p.value("--reduction", "reproducible|fast", o.reduction,
-          "the gradient sum: reproducible (the same bits at any rank count) or fast (the allreduce's order)");
-  p.value("--block-rows", "B", o.block_rows, "rows per reduction block; 0 lets the trainer choose");
-  p.custom("--engine", "automatic|fused|tensor|layered", dpmlp::engine_name(o.engine), "the per-block gradient engine",
-           [&o](const cli::Args& a, int& i) { o.engine = dpmlp::engine_from_name(a.value(i)); });
-  p.custom("--tensor-kernel", "automatic|warp-matrix|register-resident|register-resident-paired",
-           dpmlp::tensor_kernel_name(o.tensor_kernel), "the tensor engine's kernel (EngineOptions::tensor_kernel)",
-           [&o](const cli::Args& a, int& i) { o.tensor_kernel = dpmlp::tensor_kernel_from_name(a.value(i)); });
   p.custom("--leaf-groups", "automatic|off|on", dpmlp::toggle_name(o.leaf_groups),
            "whether the register-resident kernel sums groups of 8 blocks itself (EngineOptions::leaf_groups)",
            [&o](const cli::Args& a, int& i) { o.leaf_groups = dpmlp::toggle_from_name(a.value(i)); });
   p.flag("--no-check", o.check, "skip the comparison with a one-device run", false);
-  p.flag("--graph", o.graph,
-         "on CUDA with NCCL, capture one step as a CUDA graph and replay it (TrainerOptions::cuda_graph)");
-  p.flag("--peer", o.peer,
-         "on CUDA, write the subtree sums straight into the other GPUs' memory (TrainerOptions::peer_exchange)");
   p.flag("--breakdown", o.breakdown, "instead, time a step's parts (one JSON line, microseconds per call)");
   p.flag("--allow-cpu-devices", o.allow_cpu, "count each rank as one CPU device (CPU builds)");
   p.example("mpirun -np 2 train_bench --rows 1000000 --hidden 64", "2 GPUs, a million rows, 64 hidden units");
@@ -291,20 +273,11 @@ int breakdown(const Options& o) {
 // The command line is read before Kokkos starts: --help (printed by rank 0) and a bad option start no device.
 int main(int argc, char* argv[]) {
   MPI_Init(&argc, &argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   int code = 0;
   try {
     Options o;
     const cli::Parser parser = command_line(o);
-    bool run = true;
-    dpmlp::all_or_none(MPI_COMM_WORLD, [&] {
-      run = parser.parse(argc, argv);
-      if (run) check(o);
-    });
-    if (!run) {
-      if (rank == 0) parser.print_usage(stdout);
-    } else {
+    if (cli::read_command_line(parser, argc, argv, MPI_COMM_WORLD, [&] { check(o); })) {
       dpmlp::initialize_kokkos_for_rank(MPI_COMM_WORLD);
       if (o.comm == "mpi") {
         code = o.breakdown ? breakdown<dpmlp::MpiCommunicator>(o) : bench<dpmlp::MpiCommunicator>(o);

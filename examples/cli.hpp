@@ -281,4 +281,20 @@ class Parser {
   std::vector<std::string> notes_;
 };
 
+// An MPI program's command line, read on every rank before Kokkos starts (so --help and a bad option start no
+// device): parse, then check(); a bad option or value is an InputError that every rank throws together
+// (dpmlp::all_or_none). False when --help asked for the usage, which rank 0 has printed.
+template <class Check>
+bool read_command_line(const Parser& parser, int argc, char** argv, MPI_Comm comm, const Check& check) {
+  bool run = true;
+  dpmlp::all_or_none(comm, [&] {
+    run = parser.parse(argc, argv);
+    if (run) check();
+  });
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  if (!run && rank == 0) parser.print_usage(stdout);
+  return run;
+}
+
 }  // namespace cli

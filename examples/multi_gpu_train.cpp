@@ -55,25 +55,7 @@ cli::Parser command_line(Options& o) {
   p.flag("--allow-cpu-devices", o.allow_cpu,
          "count each rank as one CPU device (exercises the program; not a hardware pass)");
   p.flag("--allow-single-cpu-device", o.allow_single, "with --allow-cpu-devices, run on one rank too");
-  p.value("--rows", "N", o.rows, "rows of the seed's data, over all ranks");
-  p.value("--cols", "C", o.cols, "raw columns per row; the model sees 2*C standardized features");
-  p.value("--hidden", "H", o.hidden, "hidden units");
-  p.value("--steps", "S", o.steps, "training steps, full batch SGD");
-  p.value("--warmup", "S", o.warmup, "steps of a throwaway run before the timed one");
-  p.value("--rate", "R", o.rate, "SGD learning rate");
-  p.value("--comm", kComms, o.comm, "the communicator");
-  p.value("--reduction", "reproducible|fast", o.reduction,
-          "the gradient sum: reproducible (the same bits at any rank count) or fast (the allreduce's order)");
-  p.value("--block-rows", "B", o.block_rows, "rows per reduction block; 0 lets the trainer choose");
-  p.custom("--engine", "automatic|fused|tensor|layered", dpmlp::engine_name(o.engine), "the per-block gradient engine",
-           [&o](const cli::Args& a, int& i) { o.engine = dpmlp::engine_from_name(a.value(i)); });
-  p.custom("--tensor-kernel", "automatic|warp-matrix|register-resident|register-resident-paired",
-           dpmlp::tensor_kernel_name(o.tensor_kernel), "the tensor engine's kernel (EngineOptions::tensor_kernel)",
-           [&o](const cli::Args& a, int& i) { o.tensor_kernel = dpmlp::tensor_kernel_from_name(a.value(i)); });
-  p.flag("--graph", o.graph,
-         "on CUDA with NCCL, capture one step as a CUDA graph and replay it (TrainerOptions::cuda_graph)");
-  p.flag("--peer", o.peer,
-         "on CUDA, write the subtree sums straight into the other GPUs' memory (TrainerOptions::peer_exchange)");
+  seed::add_options(p, o, kComms, "training steps, full batch SGD", "steps of a throwaway run before the timed one");
   p.value("--peer-timeout", "S", o.peer_timeout,
           "with --peer, seconds a rank waits for another before the run fails (TrainerOptions::peer_timeout_s)");
   p.example("mpirun -np 2 multi_gpu_train", "the seed's run on 2 GPUs");
@@ -236,14 +218,7 @@ int main(int argc, char* argv[]) {
   try {
     Options o;
     const cli::Parser parser = command_line(o);
-    bool run = true;
-    dpmlp::all_or_none(MPI_COMM_WORLD, [&] {
-      run = parser.parse(argc, argv);
-      if (run) check(o);
-    });
-    if (!run) {
-      if (rank == 0) parser.print_usage(stdout);
-    } else {
+    if (cli::read_command_line(parser, argc, argv, MPI_COMM_WORLD, [&] { check(o); })) {
       dpmlp::initialize_kokkos_for_rank(MPI_COMM_WORLD);
       code = main_checked(o);
     }

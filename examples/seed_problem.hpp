@@ -8,7 +8,34 @@
 
 #include <chrono>
 
+#include "cli.hpp"
+
 namespace seed {
+
+// The options multi_gpu_train and train_bench share: the seed's problem and how to train on it, bound to o's
+// fields of the same names. `steps` and `warmup`: what those two mean in the program.
+template <class O>
+void add_options(cli::Parser& p, O& o, const char* comms, const char* steps, const char* warmup) {
+  p.value("--rows", "N", o.rows, "rows of the seed's data, over all ranks");
+  p.value("--cols", "C", o.cols, "raw columns per row; the model sees 2*C standardized features");
+  p.value("--hidden", "H", o.hidden, "hidden units");
+  p.value("--steps", "S", o.steps, steps);
+  p.value("--warmup", "S", o.warmup, warmup);
+  p.value("--rate", "R", o.rate, "SGD learning rate");
+  p.value("--comm", comms, o.comm, "the communicator");
+  p.value("--reduction", "reproducible|fast", o.reduction,
+          "the gradient sum: reproducible (the same bits at any rank count) or fast (the allreduce's order)");
+  p.value("--block-rows", "B", o.block_rows, "rows per reduction block; 0 lets the trainer choose");
+  p.custom("--engine", "automatic|fused|tensor|layered", dpmlp::engine_name(o.engine), "the per-block gradient engine",
+           [&o](const cli::Args& a, int& i) { o.engine = dpmlp::engine_from_name(a.value(i)); });
+  p.custom("--tensor-kernel", "automatic|warp-matrix|register-resident|register-resident-paired",
+           dpmlp::tensor_kernel_name(o.tensor_kernel), "the tensor engine's kernel (EngineOptions::tensor_kernel)",
+           [&o](const cli::Args& a, int& i) { o.tensor_kernel = dpmlp::tensor_kernel_from_name(a.value(i)); });
+  p.flag("--graph", o.graph,
+         "on CUDA with NCCL, capture one step as a CUDA graph and replay it (TrainerOptions::cuda_graph)");
+  p.flag("--peer", o.peer,
+         "on CUDA, write the subtree sums straight into the other GPUs' memory (TrainerOptions::peer_exchange)");
+}
 
 template <class ExecSpace>
 struct Data {

@@ -402,14 +402,7 @@ int main(int argc, char* argv[]) {
   try {
     train_csv::Options o;
     const cli::Parser parser = train_csv::command_line(o);
-    bool run = true;
-    dpmlp::all_or_none(MPI_COMM_WORLD, [&] {
-      run = parser.parse(argc, argv);
-      if (run) train_csv::check(o);
-    });
-    if (!run) {
-      if (rank == 0) parser.print_usage(stdout);
-    } else {
+    if (cli::read_command_line(parser, argc, argv, MPI_COMM_WORLD, [&] { train_csv::check(o); })) {
       dpmlp::initialize_kokkos_for_rank(MPI_COMM_WORLD);
       code = train_csv::main_checked(o);
     }
