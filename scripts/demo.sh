@@ -8,7 +8,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 cd "$DPMLP_ROOT"
 
 dpmlp_install_packages
-dpmlp_configure_and_build "$BUILD_DIR" -DDPMLP_BUILD_TESTS=OFF -DDPMLP_BUILD_BENCHMARKS=OFF
+dpmlp_configure_and_build "$BUILD_DIR" -DDPMLP_BUILD_EXAMPLES=ON -DDPMLP_BUILD_TESTS=OFF -DDPMLP_BUILD_BENCHMARKS=OFF
 
 example="$BUILD_DIR/examples/multi_gpu_train"
 [ -x "$example" ] || die "$example was not built"
