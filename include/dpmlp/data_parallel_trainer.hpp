@@ -112,11 +112,17 @@ class DataParallelTrainer {
     // a subtree), so ranks own whole groups. Every rank must take the same group: the smallest of theirs.
     int group = engine_plan_.leaf_group;
     detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &group, 1, MPI_INT, MPI_MIN, c), "MPI_Allreduce");
+    std::string regrouped;
     if (group != engine_plan_.leaf_group) {
       EngineOptions ungrouped = options;
       ungrouped.leaf_groups = Toggle::off;
-      engine_plan_ = engine_t::plan(model, ungrouped, reproducible, global_rows, comm_.size());
+      try {
+        engine_plan_ = engine_t::plan(model, ungrouped, reproducible, global_rows, comm_.size());
+      } catch (const InputError& e) {
+        regrouped = std::string("dpmlp::DataParallelTrainer: ") + e.what();
+      }
     }
+    agree(c, regrouped);
     // Every rank must run the same plan: their sums would differ in the last bits, so a mix (ranks on different
     // kinds of device) would silently break the bitwise reproducibility.
     {
