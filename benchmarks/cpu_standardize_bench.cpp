@@ -4,7 +4,7 @@
 //
 //   cpu_standardize_bench [OPTION]...      (cpu_standardize_bench --help lists the options)
 //
-// The same work as numpy's standardize_np in shared/anchors/jax_ref.py: rows x cols raw doubles (JAX's
+// The same work as numpy's standardize_np in benchmarks/anchors/jax_ref.py: rows x cols raw doubles (JAX's
 // normal draws from PRNGKey(0), widened, as the seed) -> rows x 2*cols features, plus the sum of all
 // features (the checksum). dpmlp computes in double and writes float features (what training consumes) and
 // each row's feature sum in double; the timed region is transform_rows plus the host sum of the row sums,
