@@ -133,10 +133,7 @@ class DataParallelTrainer {
                                      : "dpmlp::DataParallelTrainer: the ranks planned different engines (this rank: " +
                                            engine_plan_.describe() + "); ask for one with TrainerOptions");
     }
-    block_ = engine_plan_.block_rows;
-    group_ = engine_plan_.leaf_group;
-    plan_ = BlockTreePlan(global_rows, block_ * group_, comm_.rank(), comm_.size());
-    gemm_ = engine_plan_.gemm;
+    plan_ = BlockTreePlan(global_rows, engine_plan_.block_rows * engine_plan_.leaf_group, comm_.rank(), comm_.size());
     engine_ = engine_t(model_, plan_.shard().rows(), engine_plan_);
     reducer_ = BlockTreeReducer<ExecSpace, Scalar>(plan_, engine_.width(), options.reduction);
     {
@@ -176,13 +173,13 @@ class DataParallelTrainer {
   const BlockTreePlan& plan() const { return plan_; }
   std::int64_t global_rows() const { return global_rows_; }
   // Rows a block: the engine sums a block's rows, then the block tree the blocks.
-  std::int64_t block_rows() const { return block_; }
+  std::int64_t block_rows() const { return engine_plan_.block_rows; }
   // Blocks a step over every rank (the tensor engine picks its kernel from this count, not from a rank's share).
-  std::int64_t global_blocks() const { return (global_rows_ + block_ - 1) / block_; }
+  std::int64_t global_blocks() const { return (global_rows_ + block_rows() - 1) / block_rows(); }
   // Blocks a leaf of the block tree holds: more than one where the engine sums the tree's first levels itself
   // (the register-resident tensor kernel; the same bits). plan()'s blocks are block_rows() x leaf_group() rows.
-  int leaf_group() const { return group_; }
-  linalg::Backend gemm_backend() const { return gemm_; }
+  int leaf_group() const { return engine_plan_.leaf_group; }
+  linalg::Backend gemm_backend() const { return engine_plan_.gemm; }
   Engine engine() const { return engine_plan_.engine; }
   // How a step computes its block sums (engine/plan.hpp): the same on every rank.
   const EnginePlan& engine_plan() const { return engine_plan_; }
@@ -496,11 +493,9 @@ class DataParallelTrainer {
   Optimizer optimizer_;
   TrainerOptions options_;
   ExecSpace space_;
-  std::int64_t global_rows_ = 0, block_ = 1, steps_done_ = 0;
-  int group_ = 1;  // blocks a leaf of plan_ holds
+  std::int64_t global_rows_ = 0, steps_done_ = 0;
   EnginePlan engine_plan_;
   BlockTreePlan plan_;
-  linalg::Backend gemm_ = linalg::Backend::portable;
   detail::BlockEngine<ExecSpace, Scalar> engine_;
   BlockTreeReducer<ExecSpace, Scalar> reducer_;
   const_matrix x_, y_;

@@ -52,16 +52,16 @@ class BlockEngine {
   BlockEngine() = default;
   // An engine for `rows` rows (this rank's shard) that runs `plan`.
   BlockEngine(const Mlp<Scalar, memory_space>& model, std::int64_t rows, const EnginePlan& plan)
-      : model_(model), rows_(rows), block_(plan.block_rows), group_(plan.leaf_group), gemm_(plan.gemm), plan_(plan) {
+      : model_(model), rows_(rows), plan_(plan) {
     if (plan.engine == Engine::automatic) throw std::logic_error("dpmlp::BlockEngine: an unresolved plan");
-    if (group_ != 1 && !plan.register_resident()) {
-      throw InputError("dpmlp: a group of " + std::to_string(group_) +
+    if (plan_.leaf_group != 1 && !plan.register_resident()) {
+      throw InputError("dpmlp: a group of " + std::to_string(plan_.leaf_group) +
                        " blocks a partial-sum row needs the tensor engine's register-resident kernel");
     }
-    blocks_ = (rows + block_ - 1) / block_;
+    blocks_ = (rows + plan_.block_rows - 1) / plan_.block_rows;
     width_ = static_cast<std::int64_t>(model.num_params()) + 1;
     partials_ = matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::partials"),
-                       (blocks_ + group_ - 1) / group_, width_);
+                       (blocks_ + plan_.leaf_group - 1) / plan_.leaf_group, width_);
     if (plan.engine == Engine::fused) layout_ = fused_layout(model);  // its shape is fixed now
     // The fused kernels keep their activations in team scratch.
     if (plan.engine == Engine::fused || plan.engine == Engine::tensor) return;
@@ -77,8 +77,10 @@ class BlockEngine {
                                                        rows);
   }
 
-  // What this space (and its device) offers the planner for `model`.
-  static EngineCaps caps(const Mlp<Scalar, memory_space>& model) {
+  // What this space (and its device) offers the planner for `model`. fused_team: also the most threads a fused
+  // team can have on a device space (a query of the compiled kernel; the plan needs it only where it may pick
+  // the fused engine).
+  static EngineCaps caps(const Mlp<Scalar, memory_space>& model, bool fused_team = true) {
     EngineCaps c;
     c.host_space = is_host_space<ExecSpace>();
     c.tensor_unavailable = "the tensor engine runs on CUDA execution spaces in float only";
@@ -91,22 +93,32 @@ class BlockEngine {
     }
 #endif
     c.team_scratch = max_scratch_bytes();
-    if (!c.host_space && fused_one_hidden_unsupported(model.widths()).empty()) {
-      const FusedLayout lay = fused_layout(model);
-      if (lay.fits) {
-        c.fused_team_size = model.inputs() <= 32 ? fused_team_size_max<32>(model, lay)
-                                                 : fused_team_size_max<64>(model, lay);
-      }
-    }
+    if (fused_team) c.fused_team_size = fused_team_size(model);
     c.gemm_reproducible = linalg::default_backend<ExecSpace>(true);
     c.gemm_fast = linalg::default_backend<ExecSpace>(false);
     return c;
   }
 
   // The plan for `model` on this space (engine/plan.hpp), for steps over `global_rows` rows on `ranks` ranks.
+  // The fused kernel is queried only where the plan may pick it: asked for, or the tensor engine unable to run.
   static EnginePlan plan(const Mlp<Scalar, memory_space>& model, const EngineOptions& options, bool reproducible,
                          std::int64_t global_rows, int ranks) {
-    return plan_engine(model_shape(model), caps(model), options, reproducible, global_rows, ranks);
+    const ModelShape m = model_shape(model);
+    EngineCaps c = caps(model, false);
+    if (options.engine == Engine::fused ||
+        (options.engine == Engine::automatic && !detail::tensor_unsupported(m, c).empty())) {
+      c.fused_team_size = fused_team_size(model);
+    }
+    return plan_engine(m, c, options, reproducible, global_rows, ranks);
+  }
+
+  // Device spaces: the most threads a fused team can have for `model` (0 where the fused engine does not take
+  // it); host spaces run teams of one thread and need none.
+  static int fused_team_size(const Mlp<Scalar, memory_space>& model) {
+    if (is_host_space<ExecSpace>() || !fused_one_hidden_unsupported(model.widths()).empty()) return 0;
+    const FusedLayout lay = fused_layout(model);
+    if (!lay.fits) return 0;
+    return model.inputs() <= 32 ? fused_team_size_max<32>(model, lay) : fused_team_size_max<64>(model, lay);
   }
 
   // Team scratch: level 0 (shared memory on a GPU); host spaces, where both levels are plain memory, may
@@ -164,7 +176,7 @@ class BlockEngine {
   Engine engine() const { return plan_.engine; }
   std::int64_t width() const { return width_; }
   std::int64_t blocks() const { return blocks_; }
-  int group() const { return group_; }
+  int group() const { return plan_.leaf_group; }
   const matrix& partials() const { return partials_; }
   const matrix& output() const { return acts_.back(); }
 
@@ -176,7 +188,7 @@ class BlockEngine {
       const int n_in = model_.widths()[l], n_out = model_.widths()[l + 1];
       const matrix out = acts_[l];
       blocked_gemm(space, linalg::Op::N, linalg::Op::N, n_out, n_in, in.data(), n_in, model_.weight(l).data(), n_out,
-                   0, out.data(), n_out, std::int64_t(block_) * n_out, block_ * n_in);
+                   0, out.data(), n_out, std::int64_t(plan_.block_rows) * n_out, plan_.block_rows * n_in);
       const Activation act = l + 1 == model_.layers() ? Activation::identity : model_.activation();
       const auto bias = model_.bias(l);
       for_each_element(space, "dpmlp::bias_activation", rows_, n_out, KOKKOS_LAMBDA(const std::int64_t r, const int j) {
@@ -209,7 +221,7 @@ class BlockEngine {
     const int L = model_.layers();
     const int n_out = model_.outputs();
     const std::int64_t W = width_;
-    const std::int64_t block = block_;
+    const std::int64_t block = plan_.block_rows;
     const std::int64_t rows = rows_;
     const auto pred = acts_.back();
     const matrix delta = delta_[(L - 1) % 2];
@@ -308,7 +320,7 @@ class BlockEngine {
     k.y = y.data();
     k.partials = partials_.data();
     k.rows = rows_;
-    k.block = block_;
+    k.block = plan_.block_rows;
     k.scale = scale;
     k.window = window;
     // A device team runs the 256 logical threads at once; a host team of one loops over them.
@@ -329,7 +341,7 @@ class BlockEngine {
       p.partials = partials_.data();
       p.ld = width_;
       p.rows = rows_;
-      p.block = block_;
+      p.block = plan_.block_rows;
       p.blocks = blocks_;
       p.n_in = model_.inputs();
       p.H = model_.widths()[1];
@@ -344,7 +356,7 @@ class BlockEngine {
       p.kernel = plan_.kernel == Kernel::tensor_warp_matrix         ? backend::TensorLaunch::warp_matrix
                  : plan_.kernel == Kernel::tensor_register_resident ? backend::TensorLaunch::register_resident
                                                                     : backend::TensorLaunch::register_resident_paired;
-      backend::compute_tensor(space, p, group_);
+      backend::compute_tensor(space, p, plan_.leaf_group);
       return;
     }
 #endif
@@ -358,7 +370,7 @@ class BlockEngine {
   void blocked_gemm(const ExecSpace& space, linalg::Op op_in, linalg::Op op_w, int n, int k, const Scalar* in,
                     int ld_in, const Scalar* w, int ld_w, std::int64_t stride_w, Scalar* out, int ld_out,
                     std::int64_t stride_out, std::int64_t stride_in) const {
-    const std::int64_t full = rows_ / block_, tail = rows_ - full * block_;
+    const std::int64_t full = rows_ / plan_.block_rows, tail = rows_ - full * plan_.block_rows;
     linalg::BatchedGemm<Scalar> g;
     g.op_a = op_in;
     g.op_b = op_w;
@@ -373,22 +385,22 @@ class BlockEngine {
     g.c = out;
     g.ldc = ld_out;
     g.stride_c = stride_out;
-    g.m = static_cast<int>(block_);
+    g.m = static_cast<int>(plan_.block_rows);
     g.batch = full;
-    linalg::gemm(space, gemm_, g);
+    linalg::gemm(space, plan_.gemm, g);
     if (tail > 0) {
       g.m = static_cast<int>(tail);
       g.batch = 1;
       g.a = in + full * stride_in;
       g.c = out + full * stride_out;
-      linalg::gemm(space, gemm_, g);
+      linalg::gemm(space, plan_.gemm, g);
     }
   }
 
   // partials[b][off .. off + n_in*n_o) = A[block b]^T * D[block b]
   void blocked_weight_grad(const ExecSpace& space, int n_in, int n_o, const Scalar* a, const Scalar* d, int ld_d,
                            std::size_t off) const {
-    const std::int64_t full = rows_ / block_, tail = rows_ - full * block_;
+    const std::int64_t full = rows_ / plan_.block_rows, tail = rows_ - full * plan_.block_rows;
     linalg::BatchedGemm<Scalar> g;
     g.op_a = linalg::Op::T;
     g.op_b = linalg::Op::N;
@@ -396,31 +408,29 @@ class BlockEngine {
     g.n = n_o;
     g.a = a;
     g.lda = n_in;
-    g.stride_a = block_ * n_in;
+    g.stride_a = plan_.block_rows * n_in;
     g.b = d;
     g.ldb = ld_d;
-    g.stride_b = block_ * ld_d;
+    g.stride_b = plan_.block_rows * ld_d;
     g.c = partials_.data() + off;
     g.ldc = n_o;
     g.stride_c = width_;
-    g.k = static_cast<int>(block_);
+    g.k = static_cast<int>(plan_.block_rows);
     g.batch = full;
-    linalg::gemm(space, gemm_, g);
+    linalg::gemm(space, plan_.gemm, g);
     if (tail > 0) {
       g.k = static_cast<int>(tail);
       g.batch = 1;
       g.a = a + full * g.stride_a;
       g.b = d + full * g.stride_b;
       g.c = partials_.data() + full * width_ + off;
-      linalg::gemm(space, gemm_, g);
+      linalg::gemm(space, plan_.gemm, g);
     }
   }
 
   Mlp<Scalar, memory_space> model_;
-  std::int64_t rows_ = 0, block_ = 1, blocks_ = 0, width_ = 0;
-  int group_ = 1;  // blocks a row of partials_ sums
-  linalg::Backend gemm_ = linalg::Backend::portable;
-  EnginePlan plan_;
+  std::int64_t rows_ = 0, blocks_ = 0, width_ = 0;
+  EnginePlan plan_;  // block rows, leaf group (blocks a row of partials_ sums), GEMMs
   FusedLayout layout_;  // the fused kernel's shape (Engine::fused only)
   matrix partials_;
   std::vector<matrix> acts_;

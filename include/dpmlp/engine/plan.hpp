@@ -86,7 +86,7 @@ struct EnginePlan {
   // register-resident schedules sum alike), the block and the leaf group.
   std::int64_t sums_key() const {
     const int family = register_resident() ? 3 : static_cast<int>(kernel);
-    return ((block_rows * 8 + leaf_group) * 8 + family) * 8 + static_cast<int>(engine);
+    return ((block_rows * 16 + leaf_group) * 8 + family) * 8 + static_cast<int>(engine);  // leaf_group <= 8
   }
   std::string describe() const {
     return std::string(kernel_name(kernel)) + ", " + std::to_string(block_rows) + "-row blocks" +
