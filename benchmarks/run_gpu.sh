@@ -13,7 +13,7 @@ set -uo pipefail
 OUT="${OUT:-$PWD/out}"
 B="${B:-build-cuda}"
 ANCHORS="${ANCHORS:-benchmarks/anchors}"
-mkdir -p "$OUT"
+mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
 bench() {  # bench <limit s> <train_bench args...>
   local limit="$1"; shift
@@ -27,9 +27,4 @@ bench 120 --rows 20000 --hidden 32 --graph
 bench 120 --rows 1048576 --hidden 32 --graph
 bench 150 --rows 1048576 --hidden 256 --graph --repeats 3
 bench 200 --rows 4194304 --hidden 256 --graph --repeats 3
-(cd "$OUT" && OUT="$OUT" JAX_DEFAULT_MATMUL_PRECISION=highest NVIDIA_TF32_OVERRIDE=0 \
-  timeout 300 python3 "$OLDPWD/$ANCHORS/jax_ref.py" > "$OUT/jax_ref.log" 2>&1; echo "jax_ref exit $?")
-tail -6 "$OUT/jax_ref.log"
-(cd "$OUT" && OUT="$OUT" NVIDIA_TF32_OVERRIDE=0 \
-  timeout 300 torchrun --nproc_per_node=1 "$OLDPWD/$ANCHORS/ddp_ref.py" > "$OUT/ddp_ref.log" 2>&1; echo "ddp_ref exit $?")
-tail -6 "$OUT/ddp_ref.log"
+OUT="$OUT" bash "$ANCHORS/run.sh" 1

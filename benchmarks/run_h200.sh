@@ -9,7 +9,7 @@ set -uo pipefail
 OUT="${OUT:-$PWD/out}"
 B="${B:-/tmp/build-cuda}"
 ANCHORS="${ANCHORS:-benchmarks/anchors}"
-mkdir -p "$OUT"
+mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"
 if [ -f .carry/builds.tar.xz ] && [ ! -d .carry/build-cuda ]; then tar -xJf .carry/builds.tar.xz -C .carry; fi
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
 bench() {  # bench <ranks> <limit s> <args...>
@@ -49,9 +49,4 @@ wmma 150 --rows 1048576 --hidden 256 --graph --repeats 3
 wmma 200 --rows 4194304 --hidden 256 --graph --repeats 3
 # The layered engine with cuBLAS (Reduction::fast), for comparison at the FMA-bound size.
 bench 2 200 --rows 4194304 --hidden 256 --reduction fast --engine layered --repeats 3
-(cd "$OUT" && OUT="$OUT" JAX_DEFAULT_MATMUL_PRECISION=highest NVIDIA_TF32_OVERRIDE=0 \
-  timeout 300 python3 "$OLDPWD/$ANCHORS/jax_ref.py" > "$OUT/jax_ref.log" 2>&1; echo "jax_ref exit $?")
-tail -6 "$OUT/jax_ref.log"
-(cd "$OUT" && OUT="$OUT" NVIDIA_TF32_OVERRIDE=0 \
-  timeout 300 torchrun --nproc_per_node=2 "$OLDPWD/$ANCHORS/ddp_ref.py" > "$OUT/ddp_ref.log" 2>&1; echo "ddp_ref exit $?")
-tail -8 "$OUT/ddp_ref.log"
+OUT="$OUT" bash "$ANCHORS/run.sh" 2
