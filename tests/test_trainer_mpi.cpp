@@ -183,15 +183,34 @@ struct EpochLog {
 
 }  // namespace
 
-TEST_CASE("epoch_positions: a permutation drawn from the seed and the epoch", "[trainer][minibatch]") {
+TEST_CASE("EpochOrder: a permutation drawn from the seed and the epoch, and its inverse", "[trainer][minibatch]") {
+  for (std::int64_t rows : {std::int64_t(1), std::int64_t(2), std::int64_t(3), std::int64_t(1000), std::int64_t(4096),
+                            std::int64_t(4097), std::int64_t(65537)}) {
+    INFO("rows " << rows);
+    const dpmlp::EpochOrder order(7, 0, rows);
+    std::vector<char> seen(static_cast<std::size_t>(rows), 0);
+    std::int64_t fixed = 0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t p = order.position(r);
+      REQUIRE(p >= 0);
+      REQUIRE(p < rows);
+      REQUIRE(!seen[p]);
+      seen[p] = 1;
+      REQUIRE(order.row(p) == r);
+      fixed += p == r;
+    }
+    if (rows >= 1000) CHECK(fixed < 20);  // a shuffle, not the identity
+  }
   const auto a = dpmlp::epoch_positions(7, 0, 1000), b = dpmlp::epoch_positions(7, 1, 1000),
              c = dpmlp::epoch_positions(8, 0, 1000);
-  std::vector<std::int64_t> sorted = a;
-  std::sort(sorted.begin(), sorted.end());
-  for (std::int64_t i = 0; i < 1000; ++i) REQUIRE(sorted[i] == i);
   CHECK(a == dpmlp::epoch_positions(7, 0, 1000));
   CHECK(a != b);
   CHECK(a != c);
+  // Uniform enough for SGD: the mean position of the first tenth of the rows is near the middle.
+  const auto big = dpmlp::epoch_positions(3, 5, 100000);
+  double mean = 0;
+  for (int r = 0; r < 10000; ++r) mean += static_cast<double>(big[r]) / 10000;
+  CHECK(std::fabs(mean - 50000) < 1500);
 }
 
 TEST_CASE("mini-batches: the same bits at any rank count, every engine", "[trainer][minibatch]") {
@@ -212,13 +231,71 @@ TEST_CASE("mini-batches: the same bits at any rank count, every engine", "[train
   }
 }
 
-TEST_CASE("mini-batches: one batch of all rows is a full-batch step", "[trainer][minibatch]") {
+TEST_CASE("mini-batches: one batch of all rows is a full-batch step over the rows in epoch order",
+          "[trainer][minibatch]") {
+  // A batch is summed in its epoch order, so one epoch of one batch is bitwise a full-batch step on the rows
+  // put in that order.
   Problem p;
   p.rows = 777;
+  const std::uint64_t seed = 5;
+  const auto batched = train_minibatch(MPI_COMM_WORLD, p, 1, p.rows, seed, dpmlp::TrainerOptions());
+  dpmlp::Mlp<float, Memory> model(p.widths, p.activation);
+  model.init_jax(dpmlp::random::PRNGKey(p.seed + 1), 0.3f);
+  dpmlp::DataParallelTrainer<Space, dpmlp::MpiCommunicator> trainer(MPI_COMM_SELF, model, p.rows, dpmlp::Sgd(0.05));
+  Matrix x, y;
+  draw_rows(p, 0, p.rows, x, y);
+  auto hx = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), x);
+  auto hy = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
+  Matrix xs("xs", p.rows, x.extent(1)), ys("ys", p.rows, 1);
+  auto hxs = Kokkos::create_mirror_view(xs);
+  auto hys = Kokkos::create_mirror_view(ys);
+  const dpmlp::EpochOrder order(seed, 0, p.rows);
+  for (std::int64_t pos = 0; pos < p.rows; ++pos) {
+    for (std::size_t c = 0; c < x.extent(1); ++c) hxs(pos, c) = hx(order.row(pos), c);
+    hys(pos, 0) = hy(order.row(pos), 0);
+  }
+  Kokkos::deep_copy(xs, hxs);
+  Kokkos::deep_copy(ys, hys);
+  trainer.set_data(xs, ys);
+  trainer.train(1);
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params());
+  CHECK(std::memcmp(batched.data(), h.data(), batched.size() * sizeof(float)) == 0);
+}
+
+namespace {
+struct StopAt {
+  std::int64_t at;
+  bool end_step(const dpmlp::StepInfo& s) { return s.step == at; }
+};
+}  // namespace
+
+TEST_CASE("mini-batches: a run stopped anywhere resumes exactly", "[trainer][minibatch]") {
+  // Two epochs of 4 steps (64, 64, 64, 8 rows) in one call, against a run stopped after 5 steps (inside the
+  // second epoch) and resumed on a fresh trainer from its parameters and step count, as from a checkpoint.
+  Problem p;
+  p.rows = 200;
   dpmlp::TrainerOptions opt;
-  const auto batched = train_minibatch(MPI_COMM_WORLD, p, 3, p.rows, 5, opt);
-  const Trained full = train(MPI_COMM_WORLD, p, 3, opt);
-  CHECK(std::memcmp(batched.data(), full.params.data(), batched.size() * sizeof(float)) == 0);
+  opt.block_rows = 16;
+  const auto whole = train_minibatch(MPI_COMM_WORLD, p, 2, 64, 11, opt);
+  dpmlp::Mlp<float, Memory> model(p.widths, p.activation);
+  model.init_jax(dpmlp::random::PRNGKey(p.seed + 1), 0.3f);
+  Matrix x, y;
+  {
+    dpmlp::DataParallelTrainer<Space, dpmlp::MpiCommunicator> first(MPI_COMM_WORLD, model, p.rows, dpmlp::Sgd(0.05),
+                                                                    opt);
+    draw_rows(p, first.shard().first_row, first.shard().rows(), x, y);
+    first.set_data(x, y);
+    CHECK(first.train_epochs(2, 64, 11, StopAt{5}).steps == 5);
+    CHECK(first.steps_done() == 5);
+  }
+  dpmlp::DataParallelTrainer<Space, dpmlp::MpiCommunicator> second(MPI_COMM_WORLD, model, p.rows, dpmlp::Sgd(0.05),
+                                                                   opt);
+  second.set_data(x, y);
+  second.set_steps_done(5);
+  CHECK(second.train_epochs(1, 64, 11).steps == 3);  // the rest of the second epoch
+  CHECK(second.steps_done() == 8);
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params());
+  CHECK(std::memcmp(whole.data(), h.data(), whole.size() * sizeof(float)) == 0);
 }
 
 TEST_CASE("mini-batches: a step is SGD on the mean loss of exactly its batch's rows", "[trainer][minibatch]") {
@@ -281,8 +358,6 @@ TEST_CASE("mini-batches: epochs are reported, and bad arguments are refused on e
   CHECK(trainer.steps_done() == 12);
   CHECK_THROWS_WITH(trainer.train_epochs(1, 0, 1), Catch::Contains("batch_rows must be in [1, 200], got 0"));
   CHECK_THROWS_WITH(trainer.train_epochs(0, 10, 1), Catch::Contains("epochs must be positive"));
-  trainer.train(1);  // now mid-epoch
-  CHECK_THROWS_WITH(trainer.train_epochs(1, 64, 1), Catch::Contains("resume at an epoch boundary"));
 }
 
 // TrainerOptions::peer_exchange (CUDA, two or more ranks): the subtree sums go straight into the other GPUs'

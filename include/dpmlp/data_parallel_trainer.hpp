@@ -14,6 +14,8 @@
 #pragma once
 
 #include <algorithm>
+#include <climits>
+#include <cstring>
 #include <chrono>
 #include <cstdio>
 #include <cmath>
@@ -34,6 +36,7 @@
 #include "dpmlp/digest.hpp"
 #include "dpmlp/engine/block_engine.hpp"
 #include "dpmlp/engine/plan.hpp"
+#include "dpmlp/epoch_order.hpp"
 #include "dpmlp/errors.hpp"
 #include "dpmlp/kokkos_compat.hpp"
 #include "dpmlp/linalg/gemm.hpp"
@@ -43,21 +46,6 @@
 #include "dpmlp/trainer_options.hpp"
 
 namespace dpmlp {
-
-// The order in which epoch `epoch` of DataParallelTrainer::train_epochs visits the global rows, as each row's
-// position in it: a permutation of [0, rows) drawn from (seed, epoch) alone, never from the rank count: the
-// rows sorted by 32 random bits (JAX's threefry, key fold_in(PRNGKey(seed), epoch), element r for row r),
-// ties broken by row index. O(rows log rows) on the host.
-inline std::vector<std::int64_t> epoch_positions(std::uint64_t seed, std::int64_t epoch, std::int64_t rows) {
-  const random::Key key = random::fold_in(random::PRNGKey(seed), static_cast<std::uint32_t>(epoch));
-  std::vector<std::pair<std::uint32_t, std::int64_t>> keyed(static_cast<std::size_t>(rows));
-  for (std::int64_t r = 0; r < rows; ++r) keyed[r] = {random::bits(key, static_cast<std::uint64_t>(r)), r};
-  std::sort(keyed.begin(), keyed.end());
-  std::vector<std::int64_t> position(static_cast<std::size_t>(rows));
-  for (std::int64_t p = 0; p < rows; ++p) position[keyed[p].second] = p;
-  return position;
-}
-
 
 template <class ExecSpace, class Comm = default_communicator_t<ExecSpace>, class Optimizer = Sgd, class Scalar = float>
 class DataParallelTrainer {
@@ -108,34 +96,11 @@ class DataParallelTrainer {
     }
     agree(c, problem.empty() ? problem : "dpmlp::DataParallelTrainer: " + problem);
     global_rows_ = global_rows;
-    // The tree's leaves: groups of leaf_group blocks where the engine sums them itself (the same bits: a group is
-    // a subtree), so ranks own whole groups. Every rank must take the same group: the smallest of theirs.
-    int group = engine_plan_.leaf_group;
-    detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &group, 1, MPI_INT, MPI_MIN, c), "MPI_Allreduce");
-    std::string regrouped;
-    if (group != engine_plan_.leaf_group) {
-      EngineOptions ungrouped = options;
-      ungrouped.leaf_groups = Toggle::off;
-      try {
-        engine_plan_ = engine_t::plan(model, ungrouped, reproducible, global_rows, comm_.size());
-      } catch (const InputError& e) {
-        regrouped = std::string("dpmlp::DataParallelTrainer: ") + e.what();
-      }
-    }
-    agree(c, regrouped);
-    // Every rank must run the same plan: their sums would differ in the last bits, so a mix (ranks on different
-    // kinds of device) would silently break the bitwise reproducibility.
-    {
-      const long long key = static_cast<long long>(engine_plan_.sums_key());
-      long long range[2] = {key, -key};
-      detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_LONG_LONG, MPI_MAX, c), "MPI_Allreduce");
-      agree(c, range[0] == -range[1] ? std::string()
-                                     : "dpmlp::DataParallelTrainer: the ranks planned different engines (this rank: " +
-                                           engine_plan_.describe() + "); ask for one with TrainerOptions");
-    }
+    engine_plan_ = agreed_plan(engine_plan_, global_rows);
     plan_ = BlockTreePlan(global_rows, engine_plan_.block_rows * engine_plan_.leaf_group, comm_.rank(), comm_.size());
-    engine_ = engine_t(model_, plan_.shard().rows(), engine_plan_);
-    reducer_ = BlockTreeReducer<ExecSpace, Scalar>(plan_, engine_.width(), options.reduction);
+    all_or_none(c, [&] {
+      reducer_ = BlockTreeReducer<ExecSpace, Scalar>(plan_, std::int64_t(model_.num_params()) + 1, options.reduction);
+    });
     {
       // Every rank must take the same path (the exchange's kernel pairs with the peers' kernels, not with a
       // collective), so a rank that did not ask for it refuses too.
@@ -210,6 +175,7 @@ class DataParallelTrainer {
   // Non-finite losses are checked once, at the end of the run, and reported with the first bad step.
   TrainResult train(int steps) {
     begin_run(steps);
+    ensure_engine();
     int s = 0;
     if (use_graph()) {
       if (!graph_.ready()) {
@@ -217,11 +183,7 @@ class DataParallelTrainer {
         // that must not be set up during a capture.
         step();
         ++s;
-        const std::string failure = graph_.capture(space_, [&] { step(); });
-        graph_failed_ = !failure.empty();
-        if (graph_failed_ && comm_.rank() == 0) {
-          std::fprintf(stderr, "dpmlp: CUDA graph capture failed (%s); running without graphs\n", failure.c_str());
-        }
+        note_graph_failure(graph_.capture(space_, [&] { step(); }));
       }
       for (; s < steps && graph_.ready(); ++s) graph_.launch(space_);
     }
@@ -237,6 +199,7 @@ class DataParallelTrainer {
   template <class Callback, class... More>
   TrainResult train(int steps, Callback&& callback, More&&... more) {
     begin_run(steps);
+    ensure_engine();
     TrainInfo info{steps, steps_done_, comm_.rank(), comm_.size()};
     detail::call_begin(info, callback, more...);
     int done = 0;
@@ -249,16 +212,26 @@ class DataParallelTrainer {
     return r;
   }
 
-  // Mini-batch training: `epochs` passes over the data, each visiting every global row once in the order
-  // epoch_positions(seed, epoch) gives (drawn from the seed and the epoch alone, so the same batches at any
-  // rank count), `batch_rows` rows a step (the last batch of an epoch may be shorter); each step's gradient
-  // and loss are the mean over its batch. Epochs are numbered from steps_done() / steps-per-epoch, so a run
-  // resumed from a checkpoint at an epoch boundary continues with the next epoch's order.
-  // A step still reads the shard's every row (rows outside the batch contribute exact zeros): the batch's
-  // sums keep the block tree's shape, so the reproducible reduction gives the same bits at any rank count.
-  // The cost of a step is that of a full-batch step. CUDA graphs are not used here.
-  // Callbacks as in train(steps, callbacks...), plus the optional void begin_epoch(std::int64_t epoch) and
-  // bool end_epoch(const EpochInfo&).
+  // Mini-batch training: `batch_rows` rows a step (the last batch of an epoch may be shorter), each step's
+  // gradient and loss the mean over its batch. Epoch e visits the global rows in the order
+  // EpochOrder(seed, e, global_rows()) (epoch_order.hpp): drawn from the seed and the epoch alone, so the
+  // batches, and with the reproducible reduction the trained bits, are the same at any rank count.
+  //
+  // A step costs its batch, not the data: at the start of an epoch every rank gathers the rows of its share
+  // of every batch into one buffer, batch after batch (on one rank a device gather; on several, one
+  // all-to-all exchange of rows over MPI, every row sent once), and each step then reads only its batch's
+  // rows. A batch's sums have the block tree's shape over that batch, whatever the rank count. Without
+  // callbacks, on a CUDA space with a stream-ordered communicator and an optimizer whose update does not
+  // depend on the step number, the second and later epochs of a batch size replay one captured CUDA graph of
+  // a whole epoch.
+  //
+  // Runs until `epochs` epoch ends have passed. Epochs are counted from steps_done(): epoch steps_done() /
+  // steps-per-epoch, at step steps_done() % steps-per-epoch of it. So a run restored from a checkpoint
+  // anywhere, mid-epoch included, continues exactly where it stopped (same seed, same batch_rows): a run of
+  // E epochs stopped after k whole epochs and some steps resumes with train_epochs(E - k, ...).
+  // The peer exchange (TrainerOptions::peer_exchange) is not used here: the batches' sums go through the
+  // communicator. Callbacks as in train(steps, callbacks...), plus the optional void begin_epoch(std::int64_t
+  // epoch) and bool end_epoch(const EpochInfo&).
   template <class... Callbacks>
   TrainResult train_epochs(int epochs, std::int64_t batch_rows, std::uint64_t seed, Callbacks&&... callbacks) {
     std::string problem;
@@ -269,51 +242,58 @@ class DataParallelTrainer {
       problem = "batch_rows must be in [1, " + std::to_string(global_rows_) + "], got " + std::to_string(batch_rows);
     } else if (per_epoch * epochs > std::numeric_limits<int>::max()) {
       problem = "too many steps in one call (" + std::to_string(per_epoch * epochs) + ")";
-    } else if (steps_done_ % per_epoch != 0) {
-      problem = "steps_done() is " + std::to_string(steps_done_) + ", not a multiple of the " +
-                std::to_string(per_epoch) + " steps of an epoch: resume at an epoch boundary";
+    } else if (!has_data_) {
+      problem = "set_data() first";
     }
     agree(comm_.mpi_comm(), problem.empty() ? problem : "dpmlp::DataParallelTrainer::train_epochs: " + problem);
-    const int total = static_cast<int>(per_epoch * epochs);
+    prepare_epochs(batch_rows);
+    EpochSetup& es = *epochs_;
+    const std::int64_t first_epoch = steps_done_ / per_epoch, first_step = steps_done_ % per_epoch;
+    const int total = static_cast<int>(per_epoch * epochs - first_step);
     begin_run(total);
     TrainInfo info{total, steps_done_, comm_.rank(), comm_.size()};
     detail::call_begin(info, callbacks...);
-    const std::int64_t first = plan_.shard().first_row, rows = plan_.shard().rows();
-    if (static_cast<std::int64_t>(positions_.extent(0)) != rows) {
-      positions_ = Kokkos::View<std::int64_t*, memory_space>("dpmlp::epoch_positions", rows);
-    }
-    auto host_pos = Kokkos::create_mirror_view(positions_);
-    const std::int64_t first_epoch = steps_done_ / per_epoch;
     int done = 0;
     bool stop = false;
     for (int e = 0; e < epochs && !stop; ++e) {
-      const auto pos = epoch_positions(seed, first_epoch + e, global_rows_);
-      for (std::int64_t r = 0; r < rows; ++r) host_pos(r) = pos[first + r];
-      Kokkos::deep_copy(space_, positions_, host_pos);
+      const std::int64_t epoch = first_epoch + e;
+      fill_epoch(seed, epoch);
       const int epoch_start = done;
-      detail::call_begin_epoch(first_epoch + e + 1, callbacks...);
-      for (std::int64_t k = 0; k < per_epoch && !stop; ++k) {
-        const std::int64_t lo = k * batch_rows, hi = std::min(global_rows_, lo + batch_rows);
-        const auto batch_step = [&] {
-          step(Scalar(1.0 / (static_cast<double>(hi - lo) * model_.outputs())),
-               detail::RowWindow{positions_.data(), lo, hi});
-        };
+      detail::call_begin_epoch(epoch + 1, callbacks...);
+      std::int64_t k = e == 0 ? first_step : 0;
+      if constexpr (sizeof...(Callbacks) == 0) {
+        // The whole epoch as one graph: captured from the second epoch of this batch size on (the first,
+        // plain, warms what must not be set up during a capture).
+        if (k == 0 && use_epoch_graph()) {
+          if (!es.graph.ready() && es.warm) {
+            note_graph_failure(es.graph.capture(space_, [&] {
+              for (std::int64_t b = 0; b < per_epoch; ++b) epoch_step(b);
+            }));
+          }
+          if (es.graph.ready()) {
+            es.graph.launch(space_);
+            done += static_cast<int>(per_epoch);
+            k = per_epoch;
+          }
+        }
+      }
+      for (; k < per_epoch && !stop; ++k) {
         if constexpr (sizeof...(Callbacks) > 0) {
-          stop = step_with_callbacks(done, batch_step, callbacks...);
+          stop = step_with_callbacks(done, [&] { epoch_step(k); }, callbacks...);
         } else {
-          batch_step();  // no callbacks: nothing is read back until the run ends
+          epoch_step(k);  // no callbacks: nothing is read back until the run ends
         }
         ++done;
       }
-      // The host buffer must not change while the copy to the device may still read it.
-      compat::fence(space_, "dpmlp::DataParallelTrainer::train_epochs (epoch)");
+      es.warm = true;
       if constexpr (sizeof...(Callbacks) > 0) {
-        if (done - epoch_start == per_epoch) {
+        if (k == per_epoch) {  // the epoch ended (not stopped inside it)
+          const int n = done - epoch_start;
           auto losses = Kokkos::create_mirror_view_and_copy(
               Kokkos::HostSpace(), Kokkos::subview(losses_, std::make_pair(epoch_start, done)));
           double sum = 0;
           for (std::size_t i = 0; i < losses.extent(0); ++i) sum += static_cast<double>(losses(i));
-          const EpochInfo ei{first_epoch + e + 1, done - epoch_start, sum / static_cast<double>(done - epoch_start)};
+          const EpochInfo ei{epoch + 1, n, sum / static_cast<double>(n)};
           stop = detail::call_end_epoch(ei, callbacks...) || stop;
         }
       }
@@ -357,8 +337,10 @@ class DataParallelTrainer {
     }
     agree(comm_.mpi_comm(), problem);
     if (losses_.extent(0) < static_cast<std::size_t>(steps)) {
-      losses_ = Kokkos::View<Scalar*, memory_space>("dpmlp::losses", steps);
-      graph_ = backend::StepGraph<ExecSpace>();  // it wrote into the old buffer
+      all_or_none(comm_.mpi_comm(), [&] { losses_ = Kokkos::View<Scalar*, memory_space>("dpmlp::losses", steps); });
+      // Captured steps wrote into the old buffer.
+      graph_ = backend::StepGraph<ExecSpace>();
+      if (epochs_) epochs_->graph = backend::StepGraph<ExecSpace>();
     }
     host_steps_enqueued_ = 0;
     Kokkos::deep_copy(space_, loss_index_, 0);
@@ -397,13 +379,41 @@ class DataParallelTrainer {
            !Optimizer::step_depends_on_t && !graph_failed_;
   }
 
-  // Enqueues one step. The loss goes to losses_(loss_index_), and the index moves on, on the device, so a
-  // captured step can be replayed unchanged.
-  void step() { step(Scalar(1.0 / (static_cast<double>(global_rows_) * model_.outputs())), detail::RowWindow()); }
+  // Whether train_epochs() replays a captured epoch (which uses the communicator, never the peer exchange).
+  bool use_epoch_graph() const {
+    return options_.cuda_graph && backend::StepGraph<ExecSpace>::supported && Comm::stream_ordered &&
+           !Optimizer::step_depends_on_t && !graph_failed_;
+  }
+  void note_graph_failure(const std::string& failure) {
+    if (failure.empty()) return;
+    graph_failed_ = true;
+    if (comm_.rank() == 0) {
+      std::fprintf(stderr, "dpmlp: CUDA graph capture failed (%s); running without graphs\n", failure.c_str());
+    }
+  }
 
-  // One step over the rows in `window`, whose mean loss is inv * (sum of squared residuals).
-  void step(const Scalar inv, const detail::RowWindow& window) {
-    engine_.compute(space_, x_, y_, inv, window);
+  // Enqueues one full-batch step. The loss goes to losses_(loss_index_), and the index moves on, on the
+  // device, so a captured step can be replayed unchanged.
+  void step() {
+    step_with(engine_, reducer_, x_, y_, Scalar(1.0 / (static_cast<double>(global_rows_) * model_.outputs())),
+              peer_.get());
+  }
+
+  // Enqueues step k of the prepared epoch: batch k, whose rows are this rank's part of the epoch buffer.
+  void epoch_step(std::int64_t k) {
+    const EpochSetup& es = *epochs_;
+    const BatchShape& b = k == es.per_epoch - 1 && es.last ? *es.last : es.full;
+    const std::int64_t first = k * es.full.local_rows;
+    const auto rows = std::make_pair(first, first + b.local_rows);
+    step_with(b.engine, b.reducer, Kokkos::subview(es.x, rows, Kokkos::ALL), Kokkos::subview(es.y, rows, Kokkos::ALL),
+              Scalar(1.0 / (static_cast<double>(b.rows) * model_.outputs())), nullptr);
+  }
+
+  // One step over this rank's rows x, y of a step whose mean loss is inv * (sum of squared residuals):
+  // `engine` fills its block sums, `reducer` (with `peer`, where not null) sums them and applies the update.
+  void step_with(const detail::BlockEngine<ExecSpace, Scalar>& engine, const BlockTreeReducer<ExecSpace, Scalar>& reducer,
+                 const const_matrix& x, const const_matrix& y, const Scalar inv, backend::PeerExchange* peer) {
+    engine.compute(space_, x, y, inv);
     const auto params = model_.params();
     const auto losses = losses_;
     const auto state = state_;
@@ -419,12 +429,268 @@ class DataParallelTrainer {
         index() += 1;
       }
     };
-    if (peer_) {
-      peer_->busy();
-      backend::reduce_apply_peer(space_, reducer_, engine_.partials(), *peer_, apply);
+    if (peer != nullptr) {
+      peer->busy();
+      backend::reduce_apply_peer(space_, reducer, engine.partials(), *peer, apply);
     } else {
-      reducer_.reduce_apply(space_, engine_.partials(), comm_, apply);
+      reducer.reduce_apply(space_, engine.partials(), comm_, apply);
     }
+  }
+
+  // What a step of one batch size needs: the batch's plan and tree (over the batch's rows, so the same at any
+  // rank count), the engine and reducer for this rank's share, and every rank's share.
+  struct BatchShape {
+    std::int64_t rows = 0, local_rows = 0;  // the batch's rows; this rank's
+    EnginePlan plan;
+    BlockTreePlan tree;
+    detail::BlockEngine<ExecSpace, Scalar> engine;
+    BlockTreeReducer<ExecSpace, Scalar> reducer;
+    Kokkos::View<std::int64_t*, memory_space> bounds;  // rank r's rows of a batch: [bounds(r), bounds(r + 1))
+  };
+  // train_epochs' set-up for one batch size, kept while the batch size stays.
+  struct EpochSetup {
+    std::int64_t batch_rows = 0, per_epoch = 0;
+    BatchShape full;
+    std::unique_ptr<BatchShape> last;  // the epoch's shorter last batch, if it has one
+    matrix x, y;  // this rank's rows of the epoch, batch after batch (full.local_rows rows a batch)
+    Kokkos::View<std::int64_t*, memory_space> order;  // one rank: the row at each position
+    // Several ranks: the exchange's buffers.
+    Kokkos::View<int*, memory_space> dest;
+    Kokkos::View<std::int64_t*, memory_space> counts;
+    Kokkos::View<unsigned char*, memory_space> send, recv;
+    backend::StepGraph<ExecSpace> graph;  // a whole epoch, captured
+    bool warm = false;                    // an epoch of this size ran (so a capture can start)
+  };
+
+  // Sets up train_epochs for `batch_rows` (collective; kept until another batch size is asked for).
+  void prepare_epochs(std::int64_t batch_rows) {
+    if (epochs_ && epochs_->batch_rows == batch_rows) return;
+    epochs_.reset();  // the old buffers go first
+    auto es = std::make_unique<EpochSetup>();
+    es->batch_rows = batch_rows;
+    es->per_epoch = (global_rows_ + batch_rows - 1) / batch_rows;
+    const std::int64_t last_rows = global_rows_ - (es->per_epoch - 1) * batch_rows;
+    make_batch_shape(es->full, batch_rows);
+    if (last_rows != batch_rows) {
+      es->last = std::make_unique<BatchShape>();
+      make_batch_shape(*es->last, last_rows);
+    }
+    const std::int64_t local =
+        (es->per_epoch - 1) * es->full.local_rows + (es->last ? es->last->local_rows : es->full.local_rows);
+    all_or_none(comm_.mpi_comm(), [&] {
+      using namespace Kokkos;
+      es->x = matrix(view_alloc(WithoutInitializing, "dpmlp::epoch_x"), local, model_.inputs());
+      es->y = matrix(view_alloc(WithoutInitializing, "dpmlp::epoch_y"), local, model_.outputs());
+      if (comm_.size() == 1) {
+        es->order = decltype(es->order)(view_alloc(WithoutInitializing, "dpmlp::epoch_order"), global_rows_);
+      } else {
+        const std::int64_t n = plan_.shard().rows();
+        es->dest = decltype(es->dest)(view_alloc(WithoutInitializing, "dpmlp::epoch_dest"), n);
+        es->counts = decltype(es->counts)("dpmlp::epoch_counts", 2 * comm_.size());
+        es->send = decltype(es->send)(view_alloc(WithoutInitializing, "dpmlp::epoch_send"), n * record_bytes());
+        es->recv = decltype(es->recv)(view_alloc(WithoutInitializing, "dpmlp::epoch_recv"), local * record_bytes());
+      }
+    });
+    epochs_ = std::move(es);
+  }
+
+  void make_batch_shape(BatchShape& b, std::int64_t rows) {
+    using engine_t = detail::BlockEngine<ExecSpace, Scalar>;
+    MPI_Comm c = comm_.mpi_comm();
+    std::string problem;
+    EnginePlan mine;
+    try {
+      mine = engine_t::plan(model_, options_, options_.reduction == Reduction::reproducible, rows, comm_.size());
+    } catch (const InputError& e) {
+      problem = std::string("dpmlp::DataParallelTrainer::train_epochs: ") + e.what();
+    }
+    agree(c, problem);
+    b.plan = agreed_plan(mine, rows);
+    b.rows = rows;
+    const std::int64_t leaf = b.plan.block_rows * b.plan.leaf_group;
+    b.tree = BlockTreePlan(rows, leaf, comm_.rank(), comm_.size());
+    b.local_rows = b.tree.shard().rows();
+    all_or_none(c, [&] {
+      b.engine = engine_t(model_, b.local_rows, b.plan);
+      b.reducer = BlockTreeReducer<ExecSpace, Scalar>(b.tree, std::int64_t(model_.num_params()) + 1, options_.reduction);
+      b.bounds = decltype(b.bounds)("dpmlp::batch_bounds", comm_.size() + 1);
+      auto h = Kokkos::create_mirror_view(b.bounds);
+      for (int r = 0; r < comm_.size(); ++r) h(r) = make_shard(rows, leaf, r, comm_.size()).first_row;
+      h(comm_.size()) = rows;
+      Kokkos::deep_copy(b.bounds, h);
+    });
+  }
+
+  // An exchanged row: its position in the epoch, then its inputs and outputs (padded to 8 bytes).
+  std::size_t record_bytes() const {
+    const std::size_t bytes = sizeof(std::int64_t) + std::size_t(model_.inputs() + model_.outputs()) * sizeof(Scalar);
+    return (bytes + 7) / 8 * 8;
+  }
+
+  // Fills the epoch buffer with this rank's rows of every batch of epoch `epoch`, in order. Stream-ordered
+  // on one rank; on several, the exchange waits for its rows on the host.
+  void fill_epoch(std::uint64_t seed, std::int64_t epoch) {
+    EpochSetup& es = *epochs_;
+    const EpochOrder order(seed, epoch, global_rows_);
+    const matrix ex = es.x, ey = es.y;
+    const const_matrix x = x_, y = y_;
+    const int nin = model_.inputs(), nout = model_.outputs();
+    if (comm_.size() > 1) {
+      exchange_epoch(order);
+      return;
+    }
+    // One rank: a row's place in the buffer is its position.
+    const auto rows_of = es.order;
+    Kokkos::parallel_for(
+        "dpmlp::epoch_order", Kokkos::RangePolicy<ExecSpace>(space_, 0, global_rows_),
+        KOKKOS_LAMBDA(const std::int64_t p) { rows_of(p) = order.row(p); });
+    Kokkos::parallel_for(
+        "dpmlp::epoch_gather", Kokkos::RangePolicy<ExecSpace>(space_, 0, global_rows_ * (nin + nout)),
+        KOKKOS_LAMBDA(const std::int64_t i) {
+          const std::int64_t p = i / (nin + nout);
+          const int c = static_cast<int>(i - p * (nin + nout));
+          if (c < nin) {
+            ex(p, c) = x(rows_of(p), c);
+          } else {
+            ey(p, c - nin) = y(rows_of(p), c - nin);
+          }
+        });
+  }
+
+  // Several ranks: each of this rank's rows goes to the rank whose share of its batch holds its position, in
+  // one MPI_Alltoallv of records (position, inputs, outputs), staged through the host; the receiver places
+  // each by its position, so the order of the records in the buffers does not matter.
+  void exchange_epoch(const EpochOrder& order) {
+    EpochSetup& es = *epochs_;
+    MPI_Comm c = comm_.mpi_comm();
+    const int R = comm_.size(), me = comm_.rank();
+    const std::int64_t B = es.batch_rows, per = es.per_epoch, lb = es.full.local_rows;
+    const std::int64_t first = plan_.shard().first_row, n = plan_.shard().rows();
+    const int nin = model_.inputs(), nout = model_.outputs();
+    const std::size_t rec = record_bytes();
+    const auto full_bounds = es.full.bounds;
+    const auto last_bounds = es.last ? es.last->bounds : es.full.bounds;
+    const auto dest = es.dest;
+    const auto counts = es.counts;  // [0, R): rows to each rank; [R, 2R): the packing cursors
+    const matrix ex = es.x, ey = es.y;
+    const const_matrix x = x_, y = y_;
+    const auto send = es.send;
+    Kokkos::deep_copy(space_, counts, 0);
+    Kokkos::parallel_for(
+        "dpmlp::epoch_destinations", Kokkos::RangePolicy<ExecSpace>(space_, 0, n), KOKKOS_LAMBDA(const std::int64_t r) {
+          const std::int64_t p = order.position(first + r);
+          const std::int64_t k = p / B, o = p - k * B;
+          const auto& bounds = k == per - 1 ? last_bounds : full_bounds;
+          int q = 0;
+          while (q + 1 < R && bounds(q + 1) <= o) ++q;
+          dest(r) = q;
+          Kokkos::atomic_add(&counts(q), std::int64_t(1));
+        });
+    std::vector<std::int64_t> to(R), from(R);
+    {
+      auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), Kokkos::subview(counts, std::make_pair(0, R)));
+      for (int q = 0; q < R; ++q) to[q] = h(q);
+    }
+    std::vector<std::int64_t> cursor(R, 0);
+    for (int q = 1; q < R; ++q) cursor[q] = cursor[q - 1] + to[q - 1];
+    {
+      Kokkos::View<std::int64_t*, Kokkos::HostSpace> h(cursor.data(), R);
+      Kokkos::deep_copy(Kokkos::subview(counts, std::make_pair(R, 2 * R)), h);
+    }
+    Kokkos::parallel_for(
+        "dpmlp::epoch_pack", Kokkos::RangePolicy<ExecSpace>(space_, 0, n), KOKKOS_LAMBDA(const std::int64_t r) {
+          const std::int64_t slot = Kokkos::atomic_fetch_add(&counts(R + dest(r)), std::int64_t(1));
+          unsigned char* out = send.data() + slot * rec;
+          const std::int64_t p = order.position(first + r);
+          memcpy(out, &p, sizeof p);
+          Scalar* v = reinterpret_cast<Scalar*>(out + sizeof p);
+          for (int j = 0; j < nin; ++j) v[j] = x(r, j);
+          for (int j = 0; j < nout; ++j) v[nin + j] = y(r, j);
+        });
+    detail::check_mpi(MPI_Alltoall(to.data(), 1, MPI_INT64_T, from.data(), 1, MPI_INT64_T, c), "MPI_Alltoall");
+    std::int64_t expected = 0, arriving = 0;
+    for (int q = 0; q < R; ++q) arriving += from[q];
+    expected = static_cast<std::int64_t>(ex.extent(0));
+    std::vector<int> sc(R), sd(R), rc(R), rd(R);
+    std::string problem = arriving == expected ? std::string()
+                                               : "dpmlp::DataParallelTrainer::train_epochs: the exchange would bring " +
+                                                     std::to_string(arriving) + " rows, the epoch has " +
+                                                     std::to_string(expected) + " here";
+    std::int64_t so = 0, ro = 0;
+    for (int q = 0; q < R; ++q) {
+      if (so > INT_MAX || ro > INT_MAX) problem = "dpmlp::DataParallelTrainer::train_epochs: too many rows a rank";
+      sc[q] = static_cast<int>(to[q]);
+      sd[q] = static_cast<int>(so);
+      rc[q] = static_cast<int>(from[q]);
+      rd[q] = static_cast<int>(ro);
+      so += to[q];
+      ro += from[q];
+    }
+    agree<CommError>(c, problem);
+    auto hsend = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), send);
+    auto hrecv = Kokkos::create_mirror_view(Kokkos::HostSpace(), es.recv);
+    MPI_Datatype record = MPI_DATATYPE_NULL;
+    detail::check_mpi(MPI_Type_contiguous(static_cast<int>(rec), MPI_BYTE, &record), "MPI_Type_contiguous");
+    MPI_Type_commit(&record);
+    const int code = MPI_Alltoallv(hsend.data(), sc.data(), sd.data(), record, hrecv.data(), rc.data(), rd.data(),
+                                   record, c);
+    MPI_Type_free(&record);
+    detail::check_mpi(code, "MPI_Alltoallv");
+    Kokkos::deep_copy(space_, es.recv, hrecv);
+    const auto recv = es.recv;
+    const auto mine_full = Kokkos::subview(full_bounds, me), mine_last = Kokkos::subview(last_bounds, me);
+    Kokkos::parallel_for(
+        "dpmlp::epoch_place", Kokkos::RangePolicy<ExecSpace>(space_, 0, arriving), KOKKOS_LAMBDA(const std::int64_t i) {
+          const unsigned char* in = recv.data() + i * rec;
+          std::int64_t p = 0;
+          memcpy(&p, in, sizeof p);
+          const std::int64_t k = p / B, o = p - k * B;
+          const std::int64_t local = k * lb + o - (k == per - 1 ? mine_last() : mine_full());
+          const Scalar* v = reinterpret_cast<const Scalar*>(in + sizeof p);
+          for (int j = 0; j < nin; ++j) ex(local, j) = v[j];
+          for (int j = 0; j < nout; ++j) ey(local, j) = v[nin + j];
+        });
+    // The host buffers must outlive the copies that read them.
+    compat::fence(space_, "dpmlp::DataParallelTrainer::train_epochs (exchange)");
+  }
+
+  // The plan for steps over `rows` global rows, the same on every rank (collective). `mine`: this rank's plan.
+  // The tree's leaves are groups of leaf_group blocks where the engine sums them itself (the same bits: a
+  // group is a subtree), so ranks own whole groups and must take the same group: the smallest of theirs.
+  // Then every rank must run the same plan: their sums would differ in the last bits, so a mix (ranks on
+  // different kinds of device) would silently break the bitwise reproducibility.
+  EnginePlan agreed_plan(EnginePlan mine, std::int64_t rows) {
+    using engine_t = detail::BlockEngine<ExecSpace, Scalar>;
+    MPI_Comm c = comm_.mpi_comm();
+    int group = mine.leaf_group;
+    detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &group, 1, MPI_INT, MPI_MIN, c), "MPI_Allreduce");
+    std::string regrouped;
+    if (group != mine.leaf_group) {
+      EngineOptions ungrouped = options_;
+      ungrouped.leaf_groups = Toggle::off;
+      try {
+        mine = engine_t::plan(model_, ungrouped, options_.reduction == Reduction::reproducible, rows, comm_.size());
+      } catch (const InputError& e) {
+        regrouped = std::string("dpmlp::DataParallelTrainer: ") + e.what();
+      }
+    }
+    agree(c, regrouped);
+    const long long key = static_cast<long long>(mine.sums_key());
+    long long range[2] = {key, -key};
+    detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_LONG_LONG, MPI_MAX, c), "MPI_Allreduce");
+    agree(c, range[0] == -range[1] ? std::string()
+                                   : "dpmlp::DataParallelTrainer: the ranks planned different engines (this rank: " +
+                                         mine.describe() + "); ask for one with TrainerOptions");
+    return mine;
+  }
+
+  // The full-batch engine, allocated on the first full-batch step (mini-batch training does not need it).
+  // Collective.
+  void ensure_engine() {
+    if (engine_ready_) return;
+    all_or_none(comm_.mpi_comm(),
+                [&] { engine_ = detail::BlockEngine<ExecSpace, Scalar>(model_, plan_.shard().rows(), engine_plan_); });
+    engine_ready_ = true;
   }
 
   void sync_parameters() {
@@ -502,10 +768,11 @@ class DataParallelTrainer {
   bool has_data_ = false;
   Kokkos::View<Scalar*, memory_space> losses_, state_;
   Kokkos::View<int, memory_space> loss_index_{"dpmlp::loss_index"};
-  Kokkos::View<std::int64_t*, memory_space> positions_;  // train_epochs: each shard row's place in the epoch
   std::int64_t host_steps_enqueued_ = 0;  // steps enqueued in this train() call (for step-dependent optimizers)
   bool graph_failed_ = false;
+  bool engine_ready_ = false;
   std::shared_ptr<backend::PeerExchange> peer_;  // TrainerOptions::peer_exchange on two or more ranks
+  std::unique_ptr<EpochSetup> epochs_;  // train_epochs' buffers and captured epoch (destroyed before comm_)
   // Last: destroyed first, before the communicator whose collective it captured.
   backend::StepGraph<ExecSpace> graph_;
 };

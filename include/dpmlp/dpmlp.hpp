@@ -18,6 +18,7 @@
 #include "dpmlp/engine/options.hpp"
 #include "dpmlp/engine/plan.hpp"
 #include "dpmlp/trainer_options.hpp"
+#include "dpmlp/epoch_order.hpp"
 #include "dpmlp/data_parallel_trainer.hpp"
 #include "dpmlp/checkpoint.hpp"
 #include "dpmlp/callbacks.hpp"
