@@ -3,7 +3,7 @@
 # so a consumer gets exactly the same targets and fixes as dpmlp's own build.
 #
 # Sets DPMLP_KOKKOS_HAS_CUDA / DPMLP_KOKKOS_HAS_HIP / DPMLP_KOKKOS_HAS_OPENMP, and, on CUDA builds,
-# DPMLP_HAVE_CUBLAS / DPMLP_HAVE_NCCL with the imported targets CUDA::cublas and dpmlp::nccl.
+# DPMLP_HAVE_CUBLAS / DPMLP_HAVE_NCCL with the imported targets CUDA::cublas, CUDA::cublasLt and dpmlp::nccl.
 
 include(CMakeFindDependencyMacro)
 
@@ -84,7 +84,7 @@ if(DPMLP_KOKKOS_HAS_CUDA)
   if(DPMLP_ENABLE_CUBLAS OR DPMLP_ENABLE_NCCL)
     _dpmlp_find(CUDAToolkit)
   endif()
-  if(DPMLP_ENABLE_CUBLAS AND TARGET CUDA::cublas)
+  if(DPMLP_ENABLE_CUBLAS AND TARGET CUDA::cublas AND TARGET CUDA::cublasLt)
     set(DPMLP_HAVE_CUBLAS ON)
   endif()
   if(DPMLP_ENABLE_NCCL)
@@ -112,7 +112,7 @@ function(dpmlp_link_dependencies target)
   # in every C++ translation unit (about a second of compile time each, benchmarks/compile_time.sh).
   target_compile_definitions(${target} INTERFACE OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
   if(DPMLP_HAVE_CUBLAS)
-    target_link_libraries(${target} INTERFACE CUDA::cublas)
+    target_link_libraries(${target} INTERFACE CUDA::cublas CUDA::cublasLt)
     target_compile_definitions(${target} INTERFACE DPMLP_HAVE_CUBLAS=1)
   endif()
   if(DPMLP_HAVE_NCCL)

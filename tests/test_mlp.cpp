@@ -578,3 +578,113 @@ TEST_CASE("the GEMM backends agree with an fp64 host product", "[mlp][linalg]") 
     }
   }
 }
+
+TEST_CASE("deep models: value_and_grad matches the fp64 reference, every GEMM path", "[mlp][deep]") {
+  // Widths of multiples of 4 take the pinned cuBLASLt GEMMs on CUDA (the last layer the portable kernel);
+  // 12 -> 20 -> ... mixes both. Blocks: the default, and one that leaves a short last block.
+  const std::vector<Problem> problems = {
+      {{32, 64, 64, 64, 1}, dpmlp::Activation::relu, 1500},
+      {{32, 128, 128, 128, 128, 4}, dpmlp::Activation::tanh, 400},
+      {{16, 256, 256, 256, 1}, dpmlp::Activation::relu, 300},
+      {{12, 20, 20, 16, 2}, dpmlp::Activation::identity, 333},
+      {{32, 64, 64, 2}, dpmlp::Activation::relu, 500},
+  };
+  std::mt19937 gen(11);
+  for (const auto& pr : problems) {
+    for (std::int64_t block : {std::int64_t(0), std::int64_t(96)}) {
+      dpmlp::EngineOptions o;
+      o.block_rows = block;
+      check_against_reference(pr, o, gen);
+      o.gemm = dpmlp::linalg::Backend::portable;
+      check_against_reference(pr, o, gen);
+    }
+  }
+}
+
+TEST_CASE("cublaslt: a row's bits do not depend on the rows in the GEMM, a block's on the blocks", "[mlp][linalg]") {
+  using dpmlp::linalg::Backend;
+  using dpmlp::linalg::Op;
+  if (dpmlp::linalg::default_backend<Space>(true) != Backend::cublaslt) {
+    WARN("the pinned cuBLASLt backend runs on CUDA builds with cuBLAS only; not run here");
+    return;
+  }
+  const int rows = 5000, k = 256, n = 128;
+  Kokkos::View<float*, Memory> a("a", rows * k), w("w", k * n), bias("bias", n), c1("c1", rows * n),
+      c2("c2", rows * n);
+  dpmlp::random::normal(Space(), dpmlp::random::PRNGKey(5), a, 0);
+  dpmlp::random::normal(Space(), dpmlp::random::PRNGKey(6), w, 0);
+  dpmlp::random::normal(Space(), dpmlp::random::PRNGKey(7), bias, 0);
+  for (Op ob : {Op::N, Op::T}) {
+    for (bool epilogue : {false, true}) {
+      if (epilogue && ob == Op::T) continue;
+      // Rows [0, rows) in one GEMM, then rows [1000, 1000 + span) alone, for spans of several sizes.
+      dpmlp::linalg::BatchedGemm<float> g;
+      g.op_b = ob;
+      g.m = rows;
+      g.n = n;
+      g.k = k;
+      g.a = a.data();
+      g.lda = k;
+      g.b = w.data();
+      g.ldb = ob == Op::N ? n : k;
+      g.c = c1.data();
+      g.ldc = n;
+      auto run = [&](const dpmlp::linalg::BatchedGemm<float>& gg) {
+        if (epilogue) {
+          CHECK(dpmlp::linalg::gemm_with_bias(Space(), Backend::cublaslt, gg, bias.data(), true));
+        } else {
+          dpmlp::linalg::gemm(Space(), Backend::cublaslt, gg);
+        }
+      };
+      run(g);
+      for (int span : {1, 7, 64, 1000, 3999}) {
+        Kokkos::deep_copy(c2, 0.0f);
+        auto part = g;
+        part.m = span;
+        part.a = a.data() + 1000 * k;
+        part.c = c2.data() + 1000 * n;
+        run(part);
+        auto h1 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), c1);
+        auto h2 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), c2);
+        INFO("op_b " << (ob == Op::N ? "N" : "T") << ", epilogue " << epilogue << ", span " << span);
+        CHECK(std::memcmp(h1.data() + 1000 * n, h2.data() + 1000 * n, sizeof(float) * span * n) == 0);
+      }
+    }
+  }
+  // Weight gradients, block by block: A^T D over 512-row blocks, in a batch of 9 and one block alone.
+  const int blocks = 9, block = 512, in = 64, out = 128;
+  Kokkos::View<float*, Memory> x("x", blocks * block * in), d("d", blocks * block * out),
+      g1("g1", blocks * (in * out + 3)), g2("g2", blocks * (in * out + 3));
+  dpmlp::random::normal(Space(), dpmlp::random::PRNGKey(8), x, 0);
+  dpmlp::random::normal(Space(), dpmlp::random::PRNGKey(9), d, 0);
+  dpmlp::linalg::BatchedGemm<float> g;
+  g.op_a = Op::T;
+  g.m = in;
+  g.n = out;
+  g.k = block;
+  g.a = x.data();
+  g.lda = in;
+  g.stride_a = std::int64_t(block) * in;
+  g.b = d.data();
+  g.ldb = out;
+  g.stride_b = std::int64_t(block) * out;
+  g.c = g1.data() + 1;  // rows of a partial-sums matrix whose width is not a multiple of 4
+  g.ldc = out;
+  g.stride_c = in * out + 3;
+  g.batch = blocks;
+  g.blocks = true;
+  dpmlp::linalg::gemm(Space(), Backend::cublaslt, g);
+  for (int b : {0, 4, 8}) {
+    auto one = g;
+    one.batch = 1;
+    one.a = x.data() + std::int64_t(b) * block * in;
+    one.b = d.data() + std::int64_t(b) * block * out;
+    one.c = g2.data() + 1 + std::int64_t(b) * (in * out + 3);
+    dpmlp::linalg::gemm(Space(), Backend::cublaslt, one);
+    auto h1 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), g1);
+    auto h2 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), g2);
+    INFO("block " << b);
+    const std::size_t at = 1 + std::size_t(b) * (in * out + 3);
+    CHECK(std::memcmp(h1.data() + at, h2.data() + at, sizeof(float) * in * out) == 0);
+  }
+}

@@ -6,6 +6,7 @@
 // engine (backend/cuda/tensor_engine.hpp), and reads what a space offers the planner (engine_caps).
 #pragma once
 
+#include <climits>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -181,19 +182,46 @@ class BlockEngine {
   const matrix& output() const { return acts_.back(); }
 
 
+  // Whether the layered engine's GEMMs over rows run as one GEMM over all the shard's rows rather than block by
+  // block: where the backend gives a row the same bits whatever the row count (portable, cublaslt), or where
+  // the bits need not be reproducible (cublas). Eigen's blocking depends on the sizes, so it goes block by
+  // block.
+  bool rows_at_once() const { return plan_.gemm != linalg::Backend::eigen && rows_ <= INT_MAX; }
+
   // Forward pass over x (rows x inputs) into the activations; the last is the prediction.
   void forward(const ExecSpace& space, const const_matrix& x) const {
     const_matrix in = x;
     for (int l = 0; l < model_.layers(); ++l) {
       const int n_in = model_.widths()[l], n_out = model_.widths()[l + 1];
       const matrix out = acts_[l];
-      blocked_gemm(space, linalg::Op::N, linalg::Op::N, n_out, n_in, in.data(), n_in, model_.weight(l).data(), n_out,
-                   0, out.data(), n_out, std::int64_t(plan_.block_rows) * n_out, plan_.block_rows * n_in);
       const Activation act = l + 1 == model_.layers() ? Activation::identity : model_.activation();
-      const auto bias = model_.bias(l);
-      for_each_element(space, "dpmlp::bias_activation", rows_, n_out, KOKKOS_LAMBDA(const std::int64_t r, const int j) {
-        out(r, j) = activate(act, out(r, j) + bias(j));
-      });
+      bool added = false;  // the bias, and relu where it applies
+      if (rows_at_once()) {
+        linalg::BatchedGemm<Scalar> g;
+        g.m = static_cast<int>(rows_);
+        g.n = n_out;
+        g.k = n_in;
+        g.a = in.data();
+        g.lda = n_in;
+        g.b = model_.weight(l).data();
+        g.ldb = n_out;
+        g.c = out.data();
+        g.ldc = n_out;
+        if (act == Activation::relu || act == Activation::identity) {
+          added = linalg::gemm_with_bias(space, plan_.gemm, g, model_.bias(l).data(), act == Activation::relu);
+        } else {
+          linalg::gemm(space, plan_.gemm, g);
+        }
+      } else {
+        blocked_gemm(space, linalg::Op::N, linalg::Op::N, n_out, n_in, in.data(), n_in, model_.weight(l).data(),
+                     n_out, 0, out.data(), n_out, std::int64_t(plan_.block_rows) * n_out, plan_.block_rows * n_in);
+      }
+      if (!added) {
+        const auto bias = model_.bias(l);
+        for_each_element(space, "dpmlp::bias_activation", rows_, n_out, KOKKOS_LAMBDA(const std::int64_t r, const int j) {
+          out(r, j) = activate(act, out(r, j) + bias(j));
+        });
+      }
       in = out;
     }
   }
@@ -283,8 +311,23 @@ class BlockEngine {
       // delta_{l-1} = (delta_l * W_l^T) .* act'(A_{l-1})
       const matrix dn = delta_[(l - 1) % 2];
       const int ld_dn = static_cast<int>(dn.extent(1));
-      blocked_gemm(space, linalg::Op::N, linalg::Op::T, n_in, n_o, d.data(), ld_d, model_.weight(l).data(), n_o, 0,
-                   dn.data(), ld_dn, block * ld_dn, block * ld_d);
+      if (rows_at_once()) {
+        linalg::BatchedGemm<Scalar> g;
+        g.op_b = linalg::Op::T;
+        g.m = static_cast<int>(rows);
+        g.n = n_in;
+        g.k = n_o;
+        g.a = d.data();
+        g.lda = ld_d;
+        g.b = model_.weight(l).data();
+        g.ldb = n_o;
+        g.c = dn.data();
+        g.ldc = ld_dn;
+        linalg::gemm(space, plan_.gemm, g);
+      } else {
+        blocked_gemm(space, linalg::Op::N, linalg::Op::T, n_in, n_o, d.data(), ld_d, model_.weight(l).data(), n_o, 0,
+                     dn.data(), ld_dn, block * ld_dn, block * ld_d);
+      }
       const auto a = acts_[l - 1];
       const Activation act = model_.activation();
       for_each_element(space, "dpmlp::activation_grad", rows, n_in, KOKKOS_LAMBDA(const std::int64_t r, const int i) {
@@ -417,6 +460,7 @@ class BlockEngine {
     g.stride_c = width_;
     g.k = static_cast<int>(plan_.block_rows);
     g.batch = full;
+    g.blocks = true;
     linalg::gemm(space, plan_.gemm, g);
     if (tail > 0) {
       g.k = static_cast<int>(tail);

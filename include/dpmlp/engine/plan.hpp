@@ -83,13 +83,14 @@ struct EnginePlan {
     return kernel == Kernel::tensor_register_resident || kernel == Kernel::tensor_register_resident_paired;
   }
   // What fixes a step's bits, so every rank must plan alike: the engine, the kernel family (the two
-  // register-resident schedules sum alike), the block and the leaf group.
+  // register-resident schedules sum alike), the block, the leaf group and the layered engine's GEMMs.
   std::int64_t sums_key() const {
     const int family = register_resident() ? 3 : static_cast<int>(kernel);
-    return ((block_rows * 16 + leaf_group) * 8 + family) * 8 + static_cast<int>(engine);  // leaf_group <= 8
+    const int gemm_key = engine == Engine::layered ? static_cast<int>(gemm) : 0;
+    return (((block_rows * 16 + leaf_group) * 8 + family) * 8 + static_cast<int>(engine)) * 8 + gemm_key;  // leaf_group <= 8
   }
   std::string describe() const {
-    return std::string(kernel_name(kernel)) + ", " + std::to_string(block_rows) + "-row blocks" +
+    return std::string(kernel_name(kernel)) + (engine == Engine::layered ? std::string(" (") + linalg::backend_name(gemm) + ")" : std::string()) + ", " + std::to_string(block_rows) + "-row blocks" +
            (leaf_group > 1 ? ", leaves of " + std::to_string(leaf_group) + " blocks" : "");
   }
 };

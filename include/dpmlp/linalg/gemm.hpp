@@ -10,10 +10,14 @@
 // Backends:
 //   - eigen:    host spaces; Eigen::Map over the Kokkos data, one Eigen product per batch entry.
 //   - cublas:   Kokkos::Cuda; cublas<t>gemmStridedBatched on the execution space's stream (backend/cuda/cublas.hpp).
+//   - cublaslt: Kokkos::Cuda; cuBLASLt with the algorithm pinned per kind of GEMM (backend/cuda/cublaslt.hpp),
+//               where the leading dimensions and strides of A and B are multiples of 4; the portable kernel
+//               for the other GEMMs (a decision made from the shapes alone).
 //   - portable: any space; a Kokkos kernel in which each C element is summed over k in increasing order.
-// Every backend is deterministic for a fixed (shape, batch) on a fixed machine. Only the portable backend
-// (and eigen, one product per batch entry) gives each batch entry bits that do not depend on the batch
-// count, which is what reproducible reductions need; see docs/design.md.
+// Every backend is deterministic for a fixed (shape, batch) on a fixed machine. The portable and cublaslt
+// backends (and eigen, one product per batch entry) give each row of C, and each batch entry, bits that do not
+// depend on the number of rows or the batch count, which is what reproducible reductions need; cublas does
+// not (docs/design.md).
 #pragma once
 
 #include <cstdint>
@@ -28,13 +32,14 @@ namespace dpmlp {
 namespace linalg {
 
 enum class Op { N, T };
-enum class Backend { eigen, cublas, portable };
+enum class Backend { eigen, cublas, portable, cublaslt };
 
 inline const char* backend_name(Backend b) {
   switch (b) {
     case Backend::eigen: return "eigen";
     case Backend::cublas: return "cublas";
     case Backend::portable: return "portable";
+    case Backend::cublaslt: return "cublaslt";
   }
   return "?";
 }
@@ -55,6 +60,9 @@ struct BatchedGemm {
   int ldc = 0;
   std::int64_t stride_c = 0;
   std::int64_t batch = 1;
+  // A batch of blocks whose count varies (with the rank count), even when it is 1 here: the backends whose
+  // choice of kernel depends on the free dimension (cublaslt) take the batch count as free, not m.
+  bool blocks = false;
 };
 
 namespace detail {
@@ -136,24 +144,34 @@ void gemm_portable(const ExecSpace& space, const BatchedGemm<Scalar>& g) {
 
 #if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUBLAS)
 #include "dpmlp/backend/cuda/cublas.hpp"
+#include "dpmlp/backend/cuda/cublaslt.hpp"
 #endif
 
 namespace dpmlp {
 namespace linalg {
 
-// The backend a space uses by default. `reproducible` asks for per-batch-entry bits that do not depend on the
-// batch count: cuBLAS may pick another kernel (split-K included) for another batch count, so it is not used
-// then.
+// The backend a space uses by default: eigen on host spaces; on CUDA with cuBLAS the pinned cuBLASLt backend
+// (whose rows' bits do not depend on the row or batch count, so it serves the reproducible reduction too);
+// else the portable kernel.
 template <class ExecSpace>
 Backend default_backend(bool reproducible) {
+  (void)reproducible;
   if (Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible) {
     return Backend::eigen;
   }
 #if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUBLAS)
-  if (std::is_same<ExecSpace, Kokkos::Cuda>::value && !reproducible) return Backend::cublas;
+  if (std::is_same<ExecSpace, Kokkos::Cuda>::value) return Backend::cublaslt;
 #endif
-  (void)reproducible;
   return Backend::portable;
+}
+
+// Whether `backend` runs a GEMM with A's and B's leading dimensions and batch strides as given through its
+// own library (cublaslt: multiples of 4), rather than through the portable kernel. A function of the shapes
+// alone, so every rank decides alike.
+inline bool takes_shape(Backend backend, std::int64_t lda, std::int64_t ldb, std::int64_t stride_a,
+                        std::int64_t stride_b) {
+  if (backend != Backend::cublaslt) return true;
+  return lda % 4 == 0 && ldb % 4 == 0 && stride_a % 4 == 0 && stride_b % 4 == 0;
 }
 
 template <class ExecSpace, class Scalar>
@@ -177,9 +195,40 @@ void gemm(const ExecSpace& space, Backend backend, const BatchedGemm<Scalar>& g)
     case Backend::portable:
       detail::gemm_portable(space, g);
       return;
+    case Backend::cublaslt:
+      const bool strided = g.batch > 1 || g.blocks;
+      if (!takes_shape(backend, g.lda, g.ldb, strided ? g.stride_a : 0, strided ? g.stride_b : 0)) {
+        detail::gemm_portable(space, g);
+        return;
+      }
+#if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUBLAS)
+      if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+        cublaslt::gemm(space, g);
+        return;
+      }
+#endif
+      break;
   }
   throw std::invalid_argument(std::string("dpmlp::linalg::gemm: backend '") + backend_name(backend) +
                               "' is not available for execution space " + ExecSpace::name());
+}
+
+// The GEMM, and where the backend can do it in the same pass (cublaslt), the bias (one value per column of C)
+// added and, with `relu`, relu applied. Returns whether it did; if not, the caller adds them.
+template <class ExecSpace, class Scalar>
+bool gemm_with_bias(const ExecSpace& space, Backend backend, const BatchedGemm<Scalar>& g, const Scalar* bias,
+                    bool relu) {
+#if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUBLAS)
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+    if (backend == Backend::cublaslt && g.batch == 1 && !g.blocks && takes_shape(backend, g.lda, g.ldb, 0, 0)) {
+      cublaslt::gemm(space, g, relu ? cublaslt::Epilogue::relu_bias : cublaslt::Epilogue::bias, bias);
+      return true;
+    }
+  }
+#endif
+  (void)bias, (void)relu;
+  gemm(space, backend, g);
+  return false;
 }
 
 }  // namespace linalg
