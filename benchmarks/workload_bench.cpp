@@ -17,10 +17,12 @@
 //
 // Full mode: `steps` steps of DataParallelTrainer::train a repeat. Epoch mode: train_epochs(epochs, batch,
 // seed) a repeat. Each repeat is a fresh trainer from the same initial parameters over the same data (so its
-// losses and final parameters do not depend on the repeat count), after a warm-up run on a throwaway trainer;
-// a repeat's time runs from a barrier after set_data to a barrier after the run (which fences), so it includes
-// what the library does on the first steps of a trainer (a CUDA graph's capture), as benchmarks/train_bench
-// times it.
+// losses and final parameters do not depend on the repeat count). Full mode: after a warm-up run on a
+// throwaway trainer, a repeat's time runs from a barrier after set_data to a barrier after the run (which
+// fences), so it includes what the library does on the first steps of a trainer (a CUDA graph's capture), as
+// benchmarks/train_bench times it. Epoch mode: the repeat's trainer first runs `warmup` epochs (default 2:
+// the first epoch of a batch size warms up, the second captures the epoch's CUDA graph), and the timed epochs
+// follow, as the epochs of a long training run do.
 //
 // Prints one JSON line (rank 0): the configuration, the plan the trainer chose, every repeat's time, their
 // median, the per-100-steps or per-epoch time, the last repeat's first and last loss (full mode: the whole
@@ -120,7 +122,7 @@ cli::Parser command_line(Options& o) {
   p.flag("--graph", o.graph,
          "replay steps as a CUDA graph where the trainer can (TrainerOptions::cuda_graph: CUDA, NCCL, sgd)");
   p.value("--repeats", "R", o.repeats, "timed repeats, each a fresh trainer from the same parameters");
-  p.value("--warmup", "W", o.warmup, "the throwaway run before the repeats: steps (full) or epochs (epoch); 0: none",
+  p.value("--warmup", "W", o.warmup, "warm-up: steps of a throwaway run (full), or epochs each repeat runs before its timed ones (epoch); 0: none",
           "5 steps or 1 epoch");
   p.value("--comm", kComms, o.comm, "the communicator");
   p.flag("--allow-cpu-devices", o.allow_cpu, "count each rank as one CPU device (CPU builds)");
@@ -264,7 +266,7 @@ Result time_runs(MPI_Comm comm, const Options& o, const Optimizer& optimizer) {
   const dpmlp::TrainerOptions topt = trainer_options(o);
   const auto initial = initial_model<Scalar>(o);
   const bool epochs = o.mode == "epoch";
-  const int warmup = o.warmup >= 0 ? o.warmup : epochs ? 1 : 5;
+  const int warmup = o.warmup >= 0 ? o.warmup : epochs ? 2 : 5;
   Result res;
   res.steps = epochs ? o.epochs * ((o.rows + o.batch - 1) / o.batch) : o.steps;
   ExecSpace space;
@@ -279,11 +281,14 @@ Result time_runs(MPI_Comm comm, const Options& o, const Optimizer& optimizer) {
     return epochs ? t.train_epochs(count, o.batch, o.seed) : t.train(count);
   };
   try {
-    if (warmup > 0) run(first, warmup);
+    if (warmup > 0 && !epochs) run(first, warmup);
     for (int r = 0; r < o.repeats; ++r) {
       auto m = initial.clone();
       Trainer trainer(comm, m, o.rows, optimizer, topt);
       trainer.set_data(data.x, data.y);
+      // Epoch mode times epochs in steady state, as a training run spends them: after `warmup` epochs of
+      // the same trainer (the first epoch of a batch size warms up, the second captures the epoch graph).
+      if (warmup > 0 && epochs) run(trainer, warmup);
       MPI_Barrier(comm);
       const double t0 = now_ms();
       res.last = run(trainer, epochs ? o.epochs : o.steps);
