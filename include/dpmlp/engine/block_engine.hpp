@@ -255,8 +255,8 @@ class BlockEngine {
     const matrix delta = delta_[(L - 1) % 2];
     const matrix part = partials_;
     // Residuals and the output delta (scale * 2 r: the gradient of scale * r^2), one thread a row; then,
-    // per block, the sum of r^2 in row order. Two kernels, so the summing loop only reads and its loads can
-    // be in flight together (a store in the loop would serialize them on a GPU).
+    // per block, the sum of r^2 (block_column_sums). Two kernels, so the summing loop only reads and its
+    // loads can be in flight together (a store in the loop would serialize them on a GPU).
     const auto sq = row_scratch_;
     Kokkos::parallel_for(
         "dpmlp::residual", Kokkos::RangePolicy<ExecSpace>(space, 0, rows), KOKKOS_LAMBDA(const std::int64_t r) {
@@ -269,19 +269,7 @@ class BlockEngine {
           }
           sq(r) = sum;
         });
-    Kokkos::parallel_for(
-        "dpmlp::loss_blocks", Kokkos::RangePolicy<ExecSpace>(space, 0, blocks_), KOKKOS_LAMBDA(const std::int64_t b) {
-          Scalar sum = Scalar(0);
-          const std::int64_t end = (b + 1) * block < rows ? (b + 1) * block : rows;
-          std::int64_t r = b * block;
-          for (; r + 8 <= end; r += 8) {  // loads in flight together; the order of the sum is unchanged
-            Scalar v[8];
-            for (int u = 0; u < 8; ++u) v[u] = sq(r + u);
-            for (int u = 0; u < 8; ++u) sum += v[u];
-          }
-          for (; r < end; ++r) sum += sq(r);
-          part(b, W - 1) = sum;
-        });
+    block_column_sums(space, "dpmlp::loss_blocks", sq.data(), 1, 1, W - 1);
     for (int l = L - 1; l >= 0; --l) {
       const int n_in = model_.widths()[l], n_o = model_.widths()[l + 1];
       const matrix d = delta_[l % 2];
@@ -289,24 +277,9 @@ class BlockEngine {
       const int ld_d = static_cast<int>(d.extent(1));
       // dW_l[block] = A_{l-1}[block]^T * delta_l[block]  (n_in x n_o, summed over the block's rows)
       blocked_weight_grad(space, n_in, n_o, a_prev, d.data(), ld_d, model_.weight_offset(l));
-      // db_l[block] = sum over the block's rows of delta_l, in row order
+      // db_l[block] = sum over the block's rows of delta_l (block_column_sums' fixed order)
       const std::int64_t boff = static_cast<std::int64_t>(model_.bias_offset(l));
-      Kokkos::parallel_for(
-          "dpmlp::bias_grad", Kokkos::RangePolicy<ExecSpace>(space, 0, blocks_ * n_o),
-          KOKKOS_LAMBDA(const std::int64_t idx) {
-            const std::int64_t b = idx / n_o;
-            const int j = static_cast<int>(idx % n_o);
-            const std::int64_t end = (b + 1) * block < rows ? (b + 1) * block : rows;
-            Scalar sum = Scalar(0);
-            std::int64_t r = b * block;
-            for (; r + 8 <= end; r += 8) {  // loads in flight together; the order of the sum is unchanged
-              Scalar v[8];
-              for (int u = 0; u < 8; ++u) v[u] = d(r + u, j);
-              for (int u = 0; u < 8; ++u) sum += v[u];
-            }
-            for (; r < end; ++r) sum += d(r, j);
-            part(b, boff + j) = sum;
-          });
+      block_column_sums(space, "dpmlp::bias_grad", d.data(), ld_d, n_o, boff);
       if (l == 0) break;
       // delta_{l-1} = (delta_l * W_l^T) .* act'(A_{l-1})
       const matrix dn = delta_[(l - 1) % 2];
@@ -332,6 +305,68 @@ class BlockEngine {
       const Activation act = model_.activation();
       for_each_element(space, "dpmlp::activation_grad", rows, n_in, KOKKOS_LAMBDA(const std::int64_t r, const int i) {
         dn(r, i) *= activate_grad_from_output(act, a(r, i));
+      });
+    }
+  }
+
+  // partials(b, off + j) = the sum over block b's rows r of src[r * ld + j], for j < n and every block. Host
+  // spaces: one thread a (block, column), in row order. Device spaces: a team of 256 threads a block and C
+  // columns (C = n rounded up to a power of two, at most 32), each column's rows split over 256 / C lanes (lane
+  // w takes rows w, w + lanes, ... in order), the lanes then combined by a fixed pairwise tree: coalesced, and
+  // many times the parallelism of a thread a column (which, with blocks of thousands of rows, was a chain of
+  // thousands of dependent loads). Either order depends on the block's rows alone, so a block has the same
+  // bits wherever it lives.
+  void block_column_sums(const ExecSpace& space, const char* label, const Scalar* src, std::int64_t ld, int n,
+                         std::int64_t off) const {
+    const matrix part = partials_;
+    const std::int64_t block = plan_.block_rows, rows = rows_;
+    if constexpr (is_host_space<ExecSpace>()) {
+      Kokkos::parallel_for(
+          label, Kokkos::RangePolicy<ExecSpace>(space, 0, blocks_ * n), KOKKOS_LAMBDA(const std::int64_t idx) {
+            const std::int64_t b = idx / n;
+            const int j = static_cast<int>(idx % n);
+            const std::int64_t end = (b + 1) * block < rows ? (b + 1) * block : rows;
+            Scalar sum = Scalar(0);
+            for (std::int64_t r = b * block; r < end; ++r) sum += src[r * ld + j];
+            part(b, off + j) = sum;
+          });
+    } else {
+      constexpr int T = 256;
+      int C = 1;
+      while (C < n && C < 32) C *= 2;
+      const int lanes = T / C, chunks = (n + C - 1) / C;
+      using policy_t = Kokkos::TeamPolicy<ExecSpace>;
+      using member_t = typename policy_t::member_type;
+      using scratch_t = Kokkos::View<Scalar*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+      policy_t policy(space, static_cast<int>(blocks_ * chunks), T);
+      policy.set_scratch_size(0, Kokkos::PerTeam(scratch_t::shmem_size(T)));
+      Kokkos::parallel_for(label, policy, KOKKOS_LAMBDA(const member_t& team) {
+        const std::int64_t b = team.league_rank() / chunks;
+        const int id = team.team_rank(), lane = id % C, w = id / C;
+        const int j = (team.league_rank() % chunks) * C + lane;
+        const std::int64_t end = (b + 1) * block < rows ? (b + 1) * block : rows;
+        Scalar sum = Scalar(0);
+        if (j < n) {
+          std::int64_t r = b * block + w;
+          // Four loads in flight before their use; the sum is still in row order within the lane.
+          for (; r + 3 * lanes < end; r += 4 * lanes) {
+            const Scalar v0 = src[r * ld + j], v1 = src[(r + lanes) * ld + j], v2 = src[(r + 2 * lanes) * ld + j],
+                         v3 = src[(r + 3 * lanes) * ld + j];
+            sum += v0;
+            sum += v1;
+            sum += v2;
+            sum += v3;
+          }
+          for (; r < end; r += lanes) sum += src[r * ld + j];
+        }
+        scratch_t s(team.team_scratch(0), T);
+        s(id) = sum;
+        team.team_barrier();
+        for (int half = lanes / 2; half >= 1; half /= 2) {
+          if (w < half) s(id) += s(id + half * C);
+          team.team_barrier();
+        }
+        if (w == 0 && j < n) part(b, off + j) = s(lane);
       });
     }
   }
