@@ -94,9 +94,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 # message is escaped).
 note() {  # note <row> <tool> <error> [key=value...]
   python3 - "$@" >>"$JSONL" <<'EOF'
-import json, sys
+import json, os, sys
 row, tool, error, *extra = sys.argv[1:]
-d = {"row": row, "tool": tool, "check": "fail", "error": error}
+d = {"row": row, "tool": tool, "check": "fail", "error": error, "options": os.environ.get("ROW_OPTIONS", "")}
 for kv in extra:
     k, v = kv.split("=", 1)
     try:
@@ -151,6 +151,7 @@ for w in "${wanted[@]}"; do
     IFS='|' read -r name common dpmlp_only dlimit alimit <<<"$r"
     [ "$name" = "$w" ] || continue
     read -ra args <<<"$common"
+    export ROW_OPTIONS="$common"  # for note()
     read -ra own <<<"$dpmlp_only"
     if [ $have_dpmlp = 1 ]; then
       run "$name" dpmlp "$dlimit" mpirun -np 1 -x NCCL_NVLS_ENABLE "$B/benchmarks/workload_bench" "${args[@]}" "${own[@]}" \
