@@ -18,8 +18,9 @@
 #
 # Time: the machine gives a command at most 10 minutes, so the suite keeps to $BUDGET_S seconds (default
 # 540): every run is under `timeout`, its limit cut to what is left, and a run that would start with less
-# than 20 s left is skipped (and recorded as such). Rows run cheapest first; a dpmlp run far off the
-# issue's goals (a minute for what should take a second) times out rather than eat the anchors' time.
+# than 20 s left is skipped (and recorded as such). Rows run cheapest first. dpmlp's limit (40 s) is some ten
+# times what a row takes at the issue's goals, start-up included: a run far off them times out rather than
+# eat the anchors' time (the deep rows, before the deep engines meet the goals).
 # The first torch.compile of the session is the slowest (inductor's start-up, then its cache in /tmp).
 #
 # Precision: fp32 level everywhere. dpmlp is fp32 or 3xTF32 by construction; JAX runs at `highest` matmul
@@ -31,17 +32,17 @@ usage() { sed -n '3,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 
 # name | the options all three programs take | dpmlp's own | dpmlp's limit s | each anchor's limit s
 ALL_ROWS=(
-  "seed20k|--widths 32,32,1 --rows 20000|--graph|60|120"
-  "seed1m|--widths 32,32,1 --rows 1048576|--graph|60|120"
-  "epoch_32|--widths 32,32,1 --rows 1048576 --mode epoch --batch 4096|--graph|60|120"
-  "epoch_256|--widths 32,256,1 --rows 1048576 --mode epoch --batch 4096|--graph|60|120"
-  "wide4m|--widths 32,256,1 --rows 4194304|--graph|60|150"
-  "deep64|--widths 32,64,64,64,1 --rows 1048576|--graph|60|150"
-  "deep64_f64|--widths 32,64,64,64,1 --rows 1048576 --precision double|--graph|60|150"
-  "deep128x4_4out|--widths 32,128,128,128,128,4 --rows 1048576|--graph|60|150"
-  "deep256|--widths 32,256,256,256,1 --rows 1048576|--graph|60|150"
-  "deep256_adam|--widths 32,256,256,256,1 --rows 1048576 --optimizer adam||60|150"
-  "epoch_deep256|--widths 32,256,256,256,1 --rows 1048576 --mode epoch --batch 4096|--graph|60|150"
+  "seed20k|--widths 32,32,1 --rows 20000|--graph|40|120"
+  "seed1m|--widths 32,32,1 --rows 1048576|--graph|40|120"
+  "epoch_32|--widths 32,32,1 --rows 1048576 --mode epoch --batch 4096|--graph|40|120"
+  "epoch_256|--widths 32,256,1 --rows 1048576 --mode epoch --batch 4096|--graph|40|120"
+  "wide4m|--widths 32,256,1 --rows 4194304|--graph|40|150"
+  "deep64|--widths 32,64,64,64,1 --rows 1048576|--graph|40|150"
+  "deep64_f64|--widths 32,64,64,64,1 --rows 1048576 --precision double|--graph|45|150"
+  "deep128x4_4out|--widths 32,128,128,128,128,4 --rows 1048576|--graph|40|150"
+  "deep256|--widths 32,256,256,256,1 --rows 1048576|--graph|40|150"
+  "deep256_adam|--widths 32,256,256,256,1 --rows 1048576 --optimizer adam||40|150"
+  "epoch_deep256|--widths 32,256,256,256,1 --rows 1048576 --mode epoch --batch 4096|--graph|40|150"
 )
 declare -A SUBSETS=(
   [all]="seed20k seed1m epoch_32 epoch_256 wide4m deep64 deep64_f64 deep128x4_4out deep256 deep256_adam epoch_deep256"
