@@ -125,10 +125,14 @@ def main():
     def make_optimizer():
         # Fused kernels on CUDA (one launch for every parameter), foreach elsewhere: each the fastest form its
         # users pick on that device.
-        impl = {"fused": True} if on_cuda else {"foreach": True}
-        if a.optimizer == "sgd":
-            return torch.optim.SGD(model.parameters(), lr=a.rate, **impl), impl
-        return torch.optim.Adam(model.parameters(), lr=a.rate, **impl), impl
+        # A torch without fused SGD (before 2.4) gets foreach there.
+        kind = torch.optim.SGD if a.optimizer == "sgd" else torch.optim.Adam
+        if on_cuda:
+            try:
+                return kind(model.parameters(), lr=a.rate, fused=True), {"fused": True}
+            except (RuntimeError, TypeError, ValueError):
+                pass
+        return kind(model.parameters(), lr=a.rate, foreach=True), {"foreach": True}
 
     full_batches, tail = a.rows // a.batch, a.rows % a.batch
     steps = a.steps if a.mode == "full" else a.epochs * (full_batches + (1 if tail else 0))
