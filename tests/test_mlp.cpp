@@ -580,14 +580,16 @@ TEST_CASE("the GEMM backends agree with an fp64 host product", "[mlp][linalg]") 
 }
 
 TEST_CASE("deep models: value_and_grad matches the fp64 reference, every GEMM path", "[mlp][deep]") {
-  // Widths of multiples of 4 take the pinned cuBLASLt GEMMs on CUDA (the last layer the portable kernel);
-  // 12 -> 20 -> ... mixes both. Blocks: the default, and one that leaves a short last block.
+  // On CUDA, widths of multiples of 4 take cuBLASLt's 16-byte-aligned kernels, the others (the one-output
+  // last layers, 5 -> 7 -> ...) its element-aligned ones. Blocks: the default, and one that leaves a short
+  // last block. Then the same with the portable GEMM.
   const std::vector<Problem> problems = {
       {{32, 64, 64, 64, 1}, dpmlp::Activation::relu, 1500},
       {{32, 128, 128, 128, 128, 4}, dpmlp::Activation::tanh, 400},
       {{16, 256, 256, 256, 1}, dpmlp::Activation::relu, 300},
       {{12, 20, 20, 16, 2}, dpmlp::Activation::identity, 333},
       {{32, 64, 64, 2}, dpmlp::Activation::relu, 500},
+      {{5, 7, 9, 3}, dpmlp::Activation::relu, 250},
   };
   std::mt19937 gen(11);
   for (const auto& pr : problems) {

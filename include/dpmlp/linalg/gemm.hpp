@@ -10,9 +10,7 @@
 // Backends:
 //   - eigen:    host spaces; Eigen::Map over the Kokkos data, one Eigen product per batch entry.
 //   - cublas:   Kokkos::Cuda; cublas<t>gemmStridedBatched on the execution space's stream (backend/cuda/cublas.hpp).
-//   - cublaslt: Kokkos::Cuda; cuBLASLt with the algorithm pinned per kind of GEMM (backend/cuda/cublaslt.hpp),
-//               where the leading dimensions and strides of A and B are multiples of 4; the portable kernel
-//               for the other GEMMs (a decision made from the shapes alone).
+//   - cublaslt: Kokkos::Cuda; cuBLASLt with the algorithm pinned per kind of GEMM (backend/cuda/cublaslt.hpp).
 //   - portable: any space; a Kokkos kernel in which each C element is summed over k in increasing order.
 // Every backend is deterministic for a fixed (shape, batch) on a fixed machine. The portable and cublaslt
 // backends (and eigen, one product per batch entry) give each row of C, and each batch entry, bits that do not
@@ -165,15 +163,6 @@ Backend default_backend(bool reproducible) {
   return Backend::portable;
 }
 
-// Whether `backend` runs a GEMM with A's and B's leading dimensions and batch strides as given through its
-// own library (cublaslt: multiples of 4), rather than through the portable kernel. A function of the shapes
-// alone, so every rank decides alike.
-inline bool takes_shape(Backend backend, std::int64_t lda, std::int64_t ldb, std::int64_t stride_a,
-                        std::int64_t stride_b) {
-  if (backend != Backend::cublaslt) return true;
-  return lda % 4 == 0 && ldb % 4 == 0 && stride_a % 4 == 0 && stride_b % 4 == 0;
-}
-
 template <class ExecSpace, class Scalar>
 void gemm(const ExecSpace& space, Backend backend, const BatchedGemm<Scalar>& g) {
   if (g.batch <= 0 || g.m <= 0 || g.n <= 0) return;
@@ -196,8 +185,7 @@ void gemm(const ExecSpace& space, Backend backend, const BatchedGemm<Scalar>& g)
       detail::gemm_portable(space, g);
       return;
     case Backend::cublaslt:
-      const bool strided = g.batch > 1 || g.blocks;
-      if (!takes_shape(backend, g.lda, g.ldb, strided ? g.stride_a : 0, strided ? g.stride_b : 0)) {
+      if (g.k == 0) {  // beta * C: nothing to pin
         detail::gemm_portable(space, g);
         return;
       }
@@ -220,7 +208,9 @@ bool gemm_with_bias(const ExecSpace& space, Backend backend, const BatchedGemm<S
                     bool relu) {
 #if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUBLAS)
   if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
-    if (backend == Backend::cublaslt && g.batch == 1 && !g.blocks && takes_shape(backend, g.lda, g.ldb, 0, 0)) {
+    // The bias pointer's alignment is the model's layout's, the same on every rank.
+    if (backend == Backend::cublaslt && g.batch == 1 && !g.blocks && g.k > 0 && g.m > 0 && g.n > 0 &&
+        reinterpret_cast<std::uintptr_t>(bias) % 16 == 0) {
       cublaslt::gemm(space, g, relu ? cublaslt::Epilogue::relu_bias : cublaslt::Epilogue::bias, bias);
       return true;
     }

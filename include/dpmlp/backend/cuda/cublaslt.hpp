@@ -11,9 +11,12 @@
 // weight gradients) do not depend on how many rows or blocks a rank has. It is plain FP32 (CUBLAS_COMPUTE_32F,
 // no TF32), so the results are as accurate as the portable kernel's.
 //
-// Requirements (checked by the planner from the model's shape alone, and here): every leading dimension and
-// batch stride of A and B a multiple of 4 elements and their pointers 16-byte aligned. C may be unaligned (the
-// per-block gradients are written into rows of the partial sums, whose width is arbitrary).
+// Alignment: an operand is taken as 16-byte aligned (the faster kernels' vector loads) where its leading
+// dimension and batch stride are multiples of 16 bytes and its pointer is 16-byte aligned, else as aligned to
+// its element; the alignment is part of the kind. The pointers that make the choice are the same on every rank
+// (the model's parameters, dpmlp's own buffers; the trainer refuses an unaligned x), except those of the
+// per-block weight gradients, which are written into rows of the partial sums at a rank's own offsets: their
+// C is always taken as element-aligned.
 //
 // Include dpmlp/linalg/gemm.hpp rather than this header.
 #pragma once
@@ -111,13 +114,13 @@ struct Problem {
   std::int64_t stride_a, stride_b, stride_c;
   std::int64_t batch;  // -1: a single entry of a batch of blocks (the batch count is the free dimension)
   Epilogue epilogue;
-  bool c_aligned;
+  int a_align, b_align, c_align;  // bytes
   // What fixes the algorithm: everything but the free dimension (n for one GEMM, batch for a batch).
   auto kind() const {
     const bool blocks = batch > 1 || batch == -1;
     return std::make_tuple(int(ta), int(tb), m, blocks ? n : std::int64_t(-1), k, lda, ldb, ldc,
                            blocks ? stride_a : 0, blocks ? stride_b : 0, blocks ? stride_c : 0, blocks, int(epilogue),
-                           c_aligned);
+                           a_align, b_align, c_align);
   }
 };
 
@@ -183,15 +186,15 @@ class Cache {
     check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
     const std::uint64_t workspace = 0;
     const std::uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
-    const std::uint32_t aligned = 16, c_align = p.c_aligned ? 16 : sizeof(Scalar);
+    const std::uint32_t a_align = p.a_align, b_align = p.b_align, c_align = p.c_align;
     cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
                                                             sizeof workspace);
     if (s == CUBLAS_STATUS_SUCCESS)
       s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &scheme, sizeof scheme);
     if (s == CUBLAS_STATUS_SUCCESS)
-      s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aligned, sizeof aligned);
+      s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a_align, sizeof a_align);
     if (s == CUBLAS_STATUS_SUCCESS)
-      s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &aligned, sizeof aligned);
+      s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &b_align, sizeof b_align);
     if (s == CUBLAS_STATUS_SUCCESS)
       s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &c_align, sizeof c_align);
     if (s == CUBLAS_STATUS_SUCCESS)
@@ -224,12 +227,6 @@ inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p
 
 }  // namespace detail
 
-// Whether the pinned backend takes a GEMM of these leading dimensions and batch strides (elements): A's and
-// B's multiples of 4. Pointers must also be 16-byte aligned (gemm checks).
-inline bool supports(std::int64_t lda, std::int64_t ldb, std::int64_t stride_a, std::int64_t stride_b) {
-  return lda % 4 == 0 && ldb % 4 == 0 && stride_a % 4 == 0 && stride_b % 4 == 0;
-}
-
 // C[b] = alpha * op(A[b]) * op(B[b]) + beta * C[b] (row-major, gemm.hpp), then the epilogue (bias: n values,
 // one per column of C), enqueued on space's stream, with the algorithm pinned for the GEMM's kind.
 template <class Scalar>
@@ -237,12 +234,6 @@ void gemm(const Kokkos::Cuda& space, const BatchedGemm<Scalar>& g, Epilogue epil
   static_assert(std::is_same<Scalar, float>::value || std::is_same<Scalar, double>::value,
                 "dpmlp::linalg::cublaslt::gemm supports float and double");
   if (g.batch <= 0 || g.m <= 0 || g.n <= 0) return;
-  const bool strided = g.batch > 1 || g.blocks;
-  if (!supports(g.lda, g.ldb, strided ? g.stride_a : 0, strided ? g.stride_b : 0) ||
-      !detail::aligned16(g.a) || !detail::aligned16(g.b) || (epilogue != Epilogue::none && !detail::aligned16(bias))) {
-    throw InputError("dpmlp::linalg::cublaslt::gemm: operands must be 16-byte aligned with leading dimensions and "
-                     "strides of multiples of 4 elements (a View of rows at an offset that breaks it?)");
-  }
   if (g.k == 0) throw InputError("dpmlp::linalg::cublaslt::gemm: k must be positive");
   constexpr cudaDataType t = std::is_same_v<Scalar, float> ? CUDA_R_32F : CUDA_R_64F;
   constexpr cublasComputeType_t compute = std::is_same_v<Scalar, float> ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_64F;
@@ -260,7 +251,17 @@ void gemm(const Kokkos::Cuda& space, const BatchedGemm<Scalar>& g, Epilogue epil
   p.stride_c = g.stride_c;
   p.batch = g.blocks && g.batch == 1 ? -1 : g.batch;  // -1: one block of a batch whose count varies
   p.epilogue = epilogue;
-  p.c_aligned = g.ldc % 4 == 0 && (g.batch <= 1 || g.stride_c % 4 == 0) && detail::aligned16(g.c);
+  const bool strided = g.batch > 1 || g.blocks;
+  auto align = [&](std::int64_t ld, std::int64_t stride, const void* ptr) {
+    constexpr std::int64_t v = 16 / sizeof(Scalar);
+    return ld % v == 0 && (!strided || stride % v == 0) && detail::aligned16(ptr) ? 16 : int(sizeof(Scalar));
+  };
+  p.a_align = align(p.lda, p.stride_a, g.b);
+  p.b_align = align(p.ldb, p.stride_b, g.a);
+  p.c_align = g.blocks ? int(sizeof(Scalar)) : align(p.ldc, p.stride_c, g.c);
+  if (epilogue != Epilogue::none && !detail::aligned16(bias)) {
+    throw InputError("dpmlp::linalg::cublaslt::gemm: the bias must be 16-byte aligned");
+  }
 
   cublas::detail::DeviceGuard device(space.cuda_device());
   auto& cache = detail::Cache::instance();
