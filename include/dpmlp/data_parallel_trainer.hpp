@@ -101,6 +101,9 @@ class DataParallelTrainer {
     all_or_none(c, [&] {
       reducer_ = BlockTreeReducer<ExecSpace, Scalar>(plan_, std::int64_t(model_.num_params()) + 1, options.reduction);
     });
+    // The one-kernel engines hold only their partial sums: allocated now, as the reducer. The layered engine's
+    // activations for every row can be large, and mini-batch training does not need them: on first use.
+    if (engine_plan_.engine != Engine::layered) ensure_engine();
     {
       // Every rank must take the same path (the exchange's kernel pairs with the peers' kernels, not with a
       // collective), so a rank that did not ask for it refuses too.
@@ -684,8 +687,8 @@ class DataParallelTrainer {
     return mine;
   }
 
-  // The full-batch engine, allocated on the first full-batch step (mini-batch training does not need it).
-  // Collective.
+  // The full-batch engine (allocated by the constructor, or for the layered engine on the first full-batch
+  // step: mini-batch training does not need it). Collective.
   void ensure_engine() {
     if (engine_ready_) return;
     all_or_none(comm_.mpi_comm(),
