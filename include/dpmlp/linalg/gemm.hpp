@@ -161,14 +161,34 @@ KOKKOS_FORCEINLINE_FUNCTION void load_run(Scalar* dst, const Scalar* p) {
   if constexpr (std::is_same<Scalar, float>::value && V == 4) {
     const float4 v = *reinterpret_cast<const float4*>(p);
     dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
-    return;
   } else if constexpr (std::is_same<Scalar, double>::value && V == 4) {
     const double2 v0 = reinterpret_cast<const double2*>(p)[0], v1 = reinterpret_cast<const double2*>(p)[1];
     dst[0] = v0.x, dst[1] = v0.y, dst[2] = v1.x, dst[3] = v1.y;
-    return;
-  }
+  } else
 #endif
-  for (int v = 0; v < V; ++v) dst[v] = p[v];
+  {
+    for (int v = 0; v < V; ++v) dst[v] = p[v];
+  }
+}
+
+// V values from src to p in global memory, 16-byte aligned when they are 16 bytes; one vector store on a GPU.
+template <int V, class Scalar>
+KOKKOS_FORCEINLINE_FUNCTION void store_run(Scalar* p, const Scalar* src) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+  if constexpr (std::is_same<Scalar, float>::value && V == 4) {
+    float4 v;
+    v.x = src[0], v.y = src[1], v.z = src[2], v.w = src[3];
+    *reinterpret_cast<float4*>(p) = v;
+  } else if constexpr (std::is_same<Scalar, double>::value && V == 4) {
+    double2 v0, v1;
+    v0.x = src[0], v0.y = src[1], v1.x = src[2], v1.y = src[3];
+    reinterpret_cast<double2*>(p)[0] = v0;
+    reinterpret_cast<double2*>(p)[1] = v1;
+  } else
+#endif
+  {
+    for (int v = 0; v < V; ++v) p[v] = src[v];
+  }
 }
 
 // The tiled kernel's shape. A team computes a TM x TN tile of one C[b]; each of its T logical threads owns
@@ -188,7 +208,7 @@ struct GemmTile {
   static constexpr int LA = (TM * TK + T - 1) / T, LB = (TK * TN + T - 1) / T;  // staged elements a thread
   static constexpr int stage_elems = TK * PA + TK * PB;                          // one k-tile of both operands
   static constexpr int min_teams = MinTeams_;  // teams an SM the register budget must allow (launch bounds)
-  static_assert(TM % (RM * 1) == 0 && TN % RN == 0 && RM % VM == 0 && RN % VN == 0, "GemmTile: uneven tile");
+  static_assert(TM % RM == 0 && TN % RN == 0 && RM % VM == 0 && RN % VN == 0, "GemmTile: uneven tile");
   static_assert(PA % 4 == 0 || RM == 1, "GemmTile: runs of 4 rows must stay 16-byte aligned");
   static_assert(PB % 4 == 0 || RN == 1, "GemmTile: runs of 4 columns must stay 16-byte aligned");
 };
@@ -244,9 +264,9 @@ struct TiledGemm {
     const Scalar* p = M + (std::int64_t(row0 + r) * ld + col0 + c);
     const std::int64_t step = std::int64_t(RS) * ld;
     DPMLP_GEMM_UNROLL
-    for (int s = 0; s < L; ++s) {
+    for (int s = 0; s < L; ++s, p += step) {
       const bool in_block = (R * W) % T == 0 || r + s * RS < R;
-      v[s] = in_block && in_cols && s * RS < rows_left ? p[s * step] : Scalar(0);  // zero: the tile's padding
+      v[s] = in_block && in_cols && s * RS < rows_left ? *p : Scalar(0);  // zero: the tile's padding
     }
   }
   // The same elements into the stage: stored row x, column y of the block goes to S[x * srow + y * scol].
@@ -325,15 +345,31 @@ struct TiledGemm {
     }
   }
 
+  // The thread's elements into C. With beta == 0 (the engine's GEMMs) an element is alpha * acc, one rounding
+  // whatever the code around it, so a run of 4 in a 16-byte aligned row may go out as one vector store; with
+  // beta != 0 every element goes through gemm_store, the reference kernel's expression.
   KOKKOS_FORCEINLINE_FUNCTION void store(Scalar* C, int i0, int j0, int tm, int tn, const Scalar (&acc)[RM][RN]) const {
+    const bool runs = Tile::VN == 4 && g.beta == Scalar(0) && g.ldc % 4 == 0 &&
+                      reinterpret_cast<std::uintptr_t>(C) % (4 * sizeof(Scalar)) == 0;
     DPMLP_GEMM_UNROLL
     for (int r = 0; r < RM; ++r) {
       const int i = i0 + row(tm, r);
       if (i >= g.m) continue;
+      Scalar* Ci = C + std::int64_t(i) * g.ldc;
       DPMLP_GEMM_UNROLL
-      for (int c = 0; c < RN; ++c) {
+      for (int c = 0; c < RN; c += Tile::VN) {
         const int j = j0 + col(tn, c);
-        if (j < g.n) gemm_store(C + std::int64_t(i) * g.ldc + j, acc[r][c], g.alpha, g.beta);
+        if (runs && j + Tile::VN <= g.n) {
+          Scalar v[Tile::VN];
+          DPMLP_GEMM_UNROLL
+          for (int u = 0; u < Tile::VN; ++u) v[u] = g.alpha * acc[r][c + u];
+          store_run<Tile::VN>(Ci + j, v);
+        } else {
+          DPMLP_GEMM_UNROLL
+          for (int u = 0; u < Tile::VN; ++u) {
+            if (j + u < g.n) gemm_store(Ci + j + u, acc[r][c + u], g.alpha, g.beta);
+          }
+        }
       }
     }
   }
