@@ -107,7 +107,8 @@ void gemm_eigen(const ExecSpace& space, const BatchedGemm<Scalar>& g) {
 // that column of op(B), alpha, beta and the old C only: not of the batch count, the batch index, m, n, the
 // tiling or the thread that computes it. Both kernels below keep it, so they give the same bits.
 
-// The store of one C element, shared by both kernels so the epilogue is one expression in both.
+// The store of one C element, one helper for both kernels so that the compiler sees the same expression in
+// both: on a GPU it fuses alpha * acc + beta * C into one multiply-add, and both must fuse the same product.
 template <class Scalar>
 KOKKOS_FORCEINLINE_FUNCTION void gemm_store(Scalar* c, Scalar acc, Scalar alpha, Scalar beta) {
   *c = beta == Scalar(0) ? alpha * acc : alpha * acc + beta * *c;
