@@ -1,0 +1,290 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The portable GEMM: the tiled kernel gives, bit for bit, the reference kernel's C (every element summed from
+// +0 over k in increasing order, one term at a time), for many shapes, all four op combinations, padded
+// leading dimensions, batches with strides (a shared B included), alpha/beta variants and k = 0; and an
+// element's bits do not depend on the batch count, its batch index, m or n (the tile shape the kernel
+// picks). Runs on the default execution space: Serial in a CPU build (the tiled kernel's host form), the
+// GPU in a device build.
+#include <catch2/catch.hpp>
+
+#include <dpmlp/linalg/gemm.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+using Space = Kokkos::DefaultExecutionSpace;
+using Memory = Space::memory_space;
+using dpmlp::linalg::BatchedGemm;
+using dpmlp::linalg::Op;
+
+const char* op_name(Op op) { return op == Op::N ? "N" : "T"; }
+
+// Values with full mantissas and both signs; with `special`, also zeros of both signs, subnormals and values
+// whose products overflow, so the comparison also sees the order of every operation on them.
+template <class Scalar>
+std::vector<Scalar> random_values(std::size_t count, unsigned seed, bool special) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::uniform_int_distribution<int> pick(0, 63);
+  std::vector<Scalar> v(count);
+  for (auto& x : v) {
+    x = static_cast<Scalar>(normal(gen));
+    if (!special) continue;
+    switch (pick(gen)) {
+      case 0: x = Scalar(0); break;
+      case 1: x = -Scalar(0); break;
+      case 2: x = std::numeric_limits<Scalar>::denorm_min() * Scalar(3); break;
+      case 3: x = -std::numeric_limits<Scalar>::max() / Scalar(4); break;
+      default: break;
+    }
+  }
+  return v;
+}
+
+template <class Scalar>
+Kokkos::View<Scalar*, Memory> device_copy(const std::vector<Scalar>& h, const char* label) {
+  Kokkos::View<Scalar*, Memory> d(std::string(label), h.size());
+  Kokkos::View<const Scalar*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> hv(h.data(), h.size());
+  Kokkos::deep_copy(d, hv);
+  return d;
+}
+
+template <class Scalar>
+std::vector<Scalar> host_copy(const Kokkos::View<Scalar*, Memory>& d) {
+  std::vector<Scalar> h(d.extent(0));
+  Kokkos::View<Scalar*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> hv(h.data(), h.size());
+  Kokkos::deep_copy(hv, d);
+  return h;
+}
+
+bool same_bits(const void* a, const void* b, std::size_t bytes) { return std::memcmp(a, b, bytes) == 0; }
+
+// One product's description; its buffers are sized from it.
+struct Shape {
+  Op op_a = Op::N, op_b = Op::N;
+  int m = 1, n = 1, k = 1;
+  int pad_a = 0, pad_b = 0, pad_c = 0;  // leading dimensions beyond the natural ones
+  std::int64_t batch = 1;
+  bool shared_b = false;                     // stride_b = 0
+  std::int64_t gap_a = 0, gap_b = 0, gap_c = 0;  // batch strides beyond one stored matrix
+  double alpha = 1, beta = 0;
+
+  std::string describe() const {
+    return std::string("op ") + op_name(op_a) + op_name(op_b) + " m " + std::to_string(m) + " n " +
+           std::to_string(n) + " k " + std::to_string(k) + " pads " + std::to_string(pad_a) + "/" +
+           std::to_string(pad_b) + "/" + std::to_string(pad_c) + " batch " + std::to_string(batch) +
+           (shared_b ? " shared B" : "") + " alpha " + std::to_string(alpha) + " beta " + std::to_string(beta);
+  }
+};
+
+// The buffers of one product and the BatchedGemm over them.
+template <class Scalar>
+struct Problem {
+  BatchedGemm<Scalar> g;
+  Kokkos::View<Scalar*, Memory> a, b, c;
+  std::vector<Scalar> c0;  // C's initial contents (every element, padding included)
+
+  Problem(const Shape& s, unsigned seed, bool special) {
+    g.op_a = s.op_a;
+    g.op_b = s.op_b;
+    g.m = s.m;
+    g.n = s.n;
+    g.k = s.k;
+    g.alpha = static_cast<Scalar>(s.alpha);
+    g.beta = static_cast<Scalar>(s.beta);
+    g.batch = s.batch;
+    // Stored A is m x k (Op::N) or k x m (Op::T), row-major; likewise B; the leading dimension is at least 1.
+    const int a_rows = s.op_a == Op::N ? s.m : s.k, a_cols = s.op_a == Op::N ? s.k : s.m;
+    const int b_rows = s.op_b == Op::N ? s.k : s.n, b_cols = s.op_b == Op::N ? s.n : s.k;
+    g.lda = std::max(1, a_cols + s.pad_a);
+    g.ldb = std::max(1, b_cols + s.pad_b);
+    g.ldc = s.n + s.pad_c;
+    g.stride_a = std::int64_t(a_rows) * g.lda + s.gap_a;
+    g.stride_b = s.shared_b ? 0 : std::int64_t(b_rows) * g.ldb + s.gap_b;
+    g.stride_c = std::int64_t(s.m) * g.ldc + s.gap_c;
+    const std::int64_t na = (s.batch - 1) * g.stride_a + std::int64_t(a_rows) * g.lda;
+    const std::int64_t nb = (s.batch - 1) * g.stride_b + std::int64_t(b_rows) * g.ldb;
+    const std::int64_t nc = (s.batch - 1) * g.stride_c + std::int64_t(s.m) * g.ldc;
+    a = device_copy(random_values<Scalar>(std::max<std::int64_t>(na, 1), seed, special), "a");
+    b = device_copy(random_values<Scalar>(std::max<std::int64_t>(nb, 1), seed + 1, special), "b");
+    c0 = random_values<Scalar>(nc, seed + 2, special);
+    c = device_copy(c0, "c");
+    g.a = a.data();
+    g.b = b.data();
+    g.c = c.data();
+  }
+
+  // C after `gemm` runs from C's initial contents: the whole buffer, so writes outside C show too.
+  template <class Gemm>
+  std::vector<Scalar> run(const Gemm& gemm) {
+    Kokkos::View<const Scalar*, Kokkos::HostSpace, Kokkos::MemoryTraits<Kokkos::Unmanaged>> init(c0.data(),
+                                                                                                  c0.size());
+    Kokkos::deep_copy(c, init);
+    gemm(g);
+    Space().fence();
+    return host_copy(c);
+  }
+};
+
+template <class Scalar>
+std::vector<Scalar> reference(Problem<Scalar>& p) {
+  return p.run([](const BatchedGemm<Scalar>& g) { dpmlp::linalg::detail::gemm_portable_reference(Space(), g); });
+}
+template <class Scalar>
+std::vector<Scalar> tiled(Problem<Scalar>& p) {
+  return p.run([](const BatchedGemm<Scalar>& g) { dpmlp::linalg::detail::gemm_portable_tiled(Space(), g); });
+}
+
+// The variants a shape cycles through, so that every one meets many shapes and all four op combinations.
+Shape variant(Op oa, Op ob, int m, int n, int k, unsigned v) {
+  static const double alphas[] = {1.0, 0.75, 1.0, -1.5, 2.0};
+  static const double betas[] = {0.0, 0.0, 1.0, 0.25, -1.0};
+  Shape s;
+  s.op_a = oa;
+  s.op_b = ob;
+  s.m = m;
+  s.n = n;
+  s.k = k;
+  s.pad_a = v % 3 == 0 ? 0 : 5;
+  s.pad_b = (v / 3) % 3 == 0 ? 0 : 3;
+  s.pad_c = (v / 2) % 2 == 0 ? 0 : 7;
+  s.batch = v % 2 == 0 ? 1 : 3;
+  s.shared_b = s.batch > 1 && v % 4 == 1;
+  s.gap_a = v % 5 == 0 ? 0 : 11;
+  s.gap_b = (v / 5) % 2 == 0 ? 0 : 2;
+  s.gap_c = v % 7 == 0 ? 0 : 13;
+  s.alpha = alphas[v % 5];
+  s.beta = betas[v % 5];
+  return s;
+}
+
+template <class Scalar>
+void check_tiled_against_reference(const std::vector<int>& mn, const std::vector<int>& ks, bool special) {
+  unsigned v = 0;
+  for (int m : mn) {
+    for (int n : mn) {
+      for (int k : ks) {
+        for (Op oa : {Op::N, Op::T}) {
+          for (Op ob : {Op::N, Op::T}) {
+            const Shape s = variant(oa, ob, m, n, k, v++);
+            Problem<Scalar> p(s, 1000 + v, special);
+            const auto want = reference(p);
+            const auto got = tiled(p);
+            INFO(s.describe());
+            REQUIRE(got.size() == want.size());
+            CHECK(same_bits(got.data(), want.data(), got.size() * sizeof(Scalar)));
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the tiled portable GEMM gives the reference kernel's bits (float)", "[gemm]") {
+  check_tiled_against_reference<float>({1, 3, 17, 64, 65, 130, 257}, {0, 1, 3, 17, 64, 65, 130, 257}, false);
+}
+
+TEST_CASE("the tiled portable GEMM gives the reference kernel's bits with zeros, subnormals, overflow",
+          "[gemm]") {
+  check_tiled_against_reference<float>({1, 3, 17, 65, 130}, {0, 1, 17, 65, 130}, true);
+}
+
+TEST_CASE("the tiled portable GEMM gives the reference kernel's bits (double)", "[gemm]") {
+  check_tiled_against_reference<double>({1, 3, 17, 65, 130}, {0, 1, 17, 65, 130}, false);
+}
+
+// Each tile shape on its own, whatever m and n the dispatch would give it.
+TEMPLATE_TEST_CASE("every tile shape gives the reference kernel's bits", "[gemm]",
+                   dpmlp::linalg::detail::GemmTileLarge, dpmlp::linalg::detail::GemmTileMedium,
+                   dpmlp::linalg::detail::GemmTileShort, dpmlp::linalg::detail::GemmTileThin<float>) {
+  unsigned v = 7;
+  for (int m : {1, 33, 130}) {
+    for (int n : {1, 5, 130}) {
+      for (int k : {0, 9, 130}) {
+        for (Op oa : {Op::N, Op::T}) {
+          for (Op ob : {Op::N, Op::T}) {
+            const Shape s = variant(oa, ob, m, n, k, v++);
+            Problem<float> p(s, 2000 + v, false);
+            const auto want = reference(p);
+            const auto got = p.run([](const BatchedGemm<float>& g) {
+              dpmlp::linalg::detail::gemm_tiled_launch<TestType>(Space(), g);
+            });
+            INFO(s.describe());
+            CHECK(same_bits(got.data(), want.data(), got.size() * sizeof(float)));
+          }
+        }
+      }
+    }
+  }
+}
+
+// An element's bits depend only on its row of op(A), its column of op(B), k, alpha, beta and its old value:
+// batch entry e alone (batch 1, the pointers moved to it) gives the bits it gets in a batch of 5; and a
+// sub-block of C computed alone (other m and n, so other tile shapes) gives the bits it gets in the whole.
+TEST_CASE("the portable GEMM's elements do not depend on the batch count, batch index, m or n", "[gemm]") {
+  using Gemm = void (*)(const BatchedGemm<float>&);
+  const Gemm kernels[] = {
+      [](const BatchedGemm<float>& g) { dpmlp::linalg::detail::gemm_portable_tiled(Space(), g); },
+      [](const BatchedGemm<float>& g) { dpmlp::linalg::gemm(Space(), dpmlp::linalg::Backend::portable, g); },
+  };
+  unsigned v = 3;
+  for (const Gemm gemm : kernels) {
+    for (Op oa : {Op::N, Op::T}) {
+      for (Op ob : {Op::N, Op::T}) {
+        for (const auto& mnk : std::vector<std::array<int, 3>>{{256, 256, 32}, {256, 1, 256}, {32, 256, 100},
+                                                               {65, 64, 257}}) {
+          Shape s = variant(oa, ob, mnk[0], mnk[1], mnk[2], v++);
+          s.batch = 5;
+          s.shared_b = v % 2 == 0;
+          Problem<float> p(s, 3000 + v, false);
+          const auto all = p.run(gemm);
+          INFO(s.describe());
+          for (std::int64_t e = 0; e < 5; ++e) {
+            BatchedGemm<float> one = p.g;
+            one.batch = 1;
+            one.a += e * p.g.stride_a;
+            one.b += e * p.g.stride_b;
+            one.c += e * p.g.stride_c;
+            const auto alone = p.run([&](const BatchedGemm<float>&) { gemm(one); });
+            INFO("batch entry " << e);
+            const std::size_t at = e * p.g.stride_c, count = std::size_t(s.m - 1) * p.g.ldc + s.n;
+            CHECK(same_bits(alone.data() + at, all.data() + at, count * sizeof(float)));
+          }
+          // Sub-blocks [i0, i0 + mm) x [j0, j0 + nn) of C[0], as products of their own.
+          for (const auto& blk : std::vector<std::array<int, 4>>{
+                   {0, 0, 1, 1}, {5, 0, 3, mnk[1]}, {0, 0, 17, mnk[1]}, {1, 0, mnk[0] - 1, 1}, {0, 0, 64, 64}}) {
+            const int i0 = blk[0], j0 = blk[1];
+            const int mm = std::min(blk[2], s.m - i0), nn = std::min(blk[3], s.n - j0);
+            if (mm <= 0 || nn <= 0) continue;
+            BatchedGemm<float> sub = p.g;
+            sub.batch = 1;
+            sub.m = mm;
+            sub.n = nn;
+            sub.a += oa == Op::N ? std::int64_t(i0) * p.g.lda : i0;
+            sub.b += ob == Op::N ? j0 : std::int64_t(j0) * p.g.ldb;
+            sub.c += std::int64_t(i0) * p.g.ldc + j0;
+            const auto part = p.run([&](const BatchedGemm<float>&) { gemm(sub); });
+            INFO("rows " << i0 << "+" << mm << " columns " << j0 << "+" << nn);
+            bool same = true;
+            for (int i = i0; i < i0 + mm; ++i) {
+              const std::size_t at = std::size_t(i) * p.g.ldc + j0;
+              same = same && same_bits(part.data() + at, all.data() + at, nn * sizeof(float));
+            }
+            CHECK(same);
+          }
+        }
+      }
+    }
+  }
+}
