@@ -143,8 +143,9 @@ def main():
     def opt_init(params):
         if a.optimizer == "sgd":
             return ()
-        zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
-        return (jnp.zeros((), jnp.int32), zeros, zeros)
+        # Two trees of their own: the loop variant donates the state, and a buffer may be donated only once.
+        return (jnp.zeros((), jnp.int32), jax.tree_util.tree_map(jnp.zeros_like, params),
+                jax.tree_util.tree_map(jnp.zeros_like, params))
 
     def opt_update(params, grads, state):
         if a.optimizer == "sgd":
