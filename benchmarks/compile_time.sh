@@ -124,7 +124,12 @@ echo "flags:     ${FLAGS[*]}"
 echo "machine:   $(nproc) cores; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 TUS=(bare include trainer)
 declare -A TIMES
-for tu in "${TUS[@]}"; do "$CXX" "${FLAGS[@]}" -fsyntax-only "$WORK/$tu.cpp"; done  # warm the file cache
+# Warm the file cache. nvcc (Kokkos' nvcc_wrapper for CUDA) has no -fsyntax-only: a full compile there.
+if "$CXX" --version 2>/dev/null | grep -q nvcc; then
+  for tu in "${TUS[@]}"; do "$CXX" "${FLAGS[@]}" -c "$WORK/$tu.cpp" -o "$WORK/$tu.o"; done
+else
+  for tu in "${TUS[@]}"; do "$CXX" "${FLAGS[@]}" -fsyntax-only "$WORK/$tu.cpp"; done
+fi
 for ((r = 1; r <= RUNS; ++r)); do
   for tu in "${TUS[@]}"; do
     TIMES[$tu]+="$(compile_seconds "$tu") "

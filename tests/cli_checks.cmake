@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: BSD-3-Clause
-# The programs as command-line tools: examples/multi_gpu_train, examples/train_csv, benchmarks/train_bench and
-# benchmarks/cpu_standardize_bench (those this build has).
+# The programs as command-line tools: examples/multi_gpu_train, examples/train_csv, benchmarks/train_bench,
+# workload_bench, gemm_bench and cpu_standardize_bench (those this build has).
 #
 # Included from tests/CMakeLists.txt, this file registers the tests; each test runs this same file as a
 # script (cmake -DCHECK=... -P cli_checks.cmake), which does the checks:
@@ -15,12 +15,12 @@ if(NOT CMAKE_SCRIPT_MODE_FILE)
   set(_cli_env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
                KOKKOS_NUM_THREADS=1 OMP_NUM_THREADS=1)
   set(_cli_args -DMPIEXEC=${MPIEXEC_EXECUTABLE} "-DMPIFLAGS=${DPMLP_MPIEXEC_PREFLAGS}")
-  foreach(_program multi_gpu_train train_csv train_bench cpu_standardize_bench)
+  foreach(_program multi_gpu_train train_csv train_bench workload_bench gemm_bench cpu_standardize_bench)
     if(NOT TARGET ${_program})
       continue()
     endif()
     set(_ranks 2)
-    if(_program STREQUAL "cpu_standardize_bench")
+    if(_program STREQUAL "cpu_standardize_bench" OR _program STREQUAL "gemm_bench")
       set(_ranks 0)  # not an MPI program: run directly
     endif()
     add_test(NAME cli_${_program}
