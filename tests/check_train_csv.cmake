@@ -142,6 +142,15 @@ expect_refusal(hidden.csv "${head}" "--hidden 4096: train_csv evaluates models u
 if(EXISTS "${WORK}/hidden.ckpt")
   message(FATAL_ERROR "--hidden 4096: wrote the checkpoint before refusing")
 endif()
+# A CSV of 2049 features: the model's input layer past the evaluator too, refused once the header is read.
+set(wide_header "")
+set(wide_row "")
+foreach(i RANGE 2048)
+  string(APPEND wide_header "c${i},")
+  string(APPEND wide_row "1,")
+endforeach()
+expect_refusal(wide.csv "${wide_header}y\n${wide_row}2\n${wide_row}3\n"
+               "wide\\.csv:1: 2049 feature columns; train_csv evaluates models up to 2048 units wide")
 expect_refusal(rate_minus_zero.csv "${head}" "--rate must be positive and finite, got -0" --rate -0)
 expect_refusal(rate_zero.csv "${head}" "--rate must be positive and finite, got 0" --rate 0)
 expect_refusal(rate_negative.csv "${head}" "--rate must be positive and finite, got -0.5" --optimizer sgd --rate -0.5)
