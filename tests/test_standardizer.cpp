@@ -237,6 +237,20 @@ TEST_CASE("column mode: extreme but finite columns standardize as the same data 
   se.fit_columns(Space(), to_device(edge));
   CHECK(se.column_mean()[0] == 0.0);
   CHECK(se.column_scale()[0] == 1e308);
+  // Columns at DBL_MAX itself: every value, and both signs. Finite statistics and standardized values.
+  HostMatrix top("top", 3, 2);
+  for (int r = 0; r < 3; ++r) {
+    top(r, 0) = std::numeric_limits<double>::max();
+    top(r, 1) = (r % 2 ? -1 : 1) * std::numeric_limits<double>::max();
+  }
+  dpmlp::Standardizer st;  // epsilon 1e-8: column 0 is constant (with epsilon 0 its scale 0 is refused)
+  st.fit_columns(Space(), to_device(top));
+  CHECK(st.column_mean()[0] == std::numeric_limits<double>::max());
+  CHECK(std::isfinite(st.column_mean()[1]));
+  CHECK(std::isfinite(st.column_scale()[0]));
+  CHECK(std::isfinite(st.column_scale()[1]));
+  Kokkos::View<float**, Kokkos::LayoutRight, Memory> otop("otop", 3, 2);
+  CHECK(refusal([&] { st.transform_columns(Space(), to_device(top), otop); }) == "");
   // A mean near DBL_MAX and a value near -DBL_MAX: the difference overflows, the quotient does not.
   HostMatrix pos("pos", 2, 1), far("far", 1, 1);
   pos(0, 0) = 1.7e308;
@@ -287,6 +301,13 @@ TEST_CASE("column mode: non-finite inputs and standardized values are refused wi
   test(4, 0) = std::nan("");
   CHECK(refusal([&] { s.transform_columns(Space(), to_device(test), wide); }).find("column 0, row 4: the value nan") !=
         std::string::npos);
+  // A constant column with epsilon 0 has scale 0: every value would standardize to 0/0.
+  HostMatrix flat("flat", 3, 1);
+  Kokkos::deep_copy(flat, 5.0);
+  dpmlp::Standardizer exact(0.0);
+  CHECK(refusal([&] { exact.fit_columns(Space(), to_device(flat)); }) ==
+        "dpmlp::Standardizer::fit_columns: column 0: the fitted mean 5 and scale 0 are not both finite with a positive "
+        "scale");
   // Statistics set by hand are checked too.
   CHECK(refusal([&] { s.set_columns({0.0}, {0.0}); }).find("column 0: mean 0 and scale 0") != std::string::npos);
   CHECK(refusal([&] { s.set_columns({std::nan("")}, {1.0}); }).find("not both finite") != std::string::npos);

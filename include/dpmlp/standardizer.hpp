@@ -127,6 +127,7 @@ class Standardizer {
     if (comm != MPI_COMM_NULL) {
       detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, unit.data(), cols, MPI_DOUBLE, MPI_MAX, comm), "MPI_Allreduce");
     }
+    const std::vector<double> largest = unit;  // each column's largest |x|
     for (int c = 0; c < cols; ++c) {
       int exponent = 0;
       std::frexp(unit[c], &exponent);  // unit < 2^exponent (0 for a column of zeros)
@@ -157,7 +158,12 @@ class Standardizer {
     std::vector<double> mean(cols), scale(cols);
     for (int c = 0; c < cols; ++c) {
       mean[c] = mean_unit[c] * unit[c];
-      scale[c] = std::sqrt(acc[cols + c] / n) * unit[c] + epsilon_;
+      double sd = std::sqrt(acc[cols + c] / n) * unit[c];
+      // Both are at most the column's largest |x| in exact arithmetic; where rounding carried one past the
+      // double range (values within an ulp or so of DBL_MAX), that bound is the nearest finite value.
+      if (!std::isfinite(mean[c])) mean[c] = std::copysign(largest[c], mean_unit[c]);
+      if (!std::isfinite(sd)) sd = largest[c];
+      scale[c] = sd + epsilon_;
     }
     // The statistics are the same on every rank (reduced above), so this refusal is too.
     for (int c = 0; c < cols; ++c) {
