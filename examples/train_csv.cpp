@@ -270,8 +270,8 @@ double sum_squared_error(const dpmlp::Mlp<float, Memory>& model, const FloatMatr
   for (int w : model.widths()) widest = std::max(widest, w);
   if (widest <= 256) return sum_squared_error<256>(model, x, y, y_mean, y_scale);
   if (widest <= kMaxWidth) return sum_squared_error<kMaxWidth>(model, x, y, y_mean, y_scale);
-  throw dpmlp::InputError("train_csv evaluates models up to " + std::to_string(kMaxWidth) + " units wide; this one has " +
-                          std::to_string(widest));
+  throw dpmlp::InputError("train_csv evaluates models up to " + std::to_string(kMaxWidth) +
+                          " units wide; this one has " + std::to_string(widest));
 }
 
 template <class Optimizer>
@@ -382,7 +382,8 @@ int run(const Options& o, const Optimizer& optimizer, int devices) {
     };
     return l;
   };
-  dpmlp::Standardizer::Labels x_train_labels = labels(train_lines, "training"), x_test_labels = labels(test_lines, "test");
+  dpmlp::Standardizer::Labels x_train_labels = labels(train_lines, "training");
+  dpmlp::Standardizer::Labels x_test_labels = labels(test_lines, "test");
   dpmlp::Standardizer::Labels y_train_labels = x_train_labels, y_test_labels = x_test_labels;
   // Feature k is file column k, or k + 1 from the target on.
   x_train_labels.column = x_test_labels.column = [&L, column_label](int k) {

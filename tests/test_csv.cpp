@@ -119,7 +119,8 @@ TEST_CASE("csv: text from the file in a message has no control bytes (terminal e
   CHECK(message == "evil.csv:1: no column 'z?[1m' (the header has: a?]0;owned??[2J, y)");
   CHECK(refusal(evil + ",y\n1,x\x1b[5m\n") == "data.csv:2: column 2 ('y'): not a number: 'x?[5m'");
   CHECK(refusal(evil + ",y\nabc,2\n") == "data.csv:2: column 1 ('a?]0;owned??[2J'): not a number: 'abc'");
-  CHECK(refusal("b\x9b" "31m,b\x9b" "31m\n1,2\n") == "data.csv:1: column 2: the name 'b?31m' appears twice in the header");
+  CHECK(refusal("b\x9b" "31m,b\x9b" "31m\n1,2\n") ==
+        "data.csv:1: column 2: the name 'b?31m' appears twice in the header");
   CHECK(dpmlp::detail::csv::printable(std::string("t\x7f\r\n\0", 5)) == "t????");
 }
 

@@ -287,7 +287,8 @@ TEST_CASE("column mode: non-finite inputs and standardized values are refused wi
   dpmlp::Standardizer::Labels labels;
   labels.row = [](std::int64_t r) { return "line " + std::to_string(r + 2); };
   labels.column = [](int c) { return "column '" + std::string(c ? "b" : "a") + "'"; };
-  const std::string labelled = refusal([&] { s.transform_columns(Space(), to_device(test), out, MPI_COMM_NULL, labels); });
+  const std::string labelled =
+      refusal([&] { s.transform_columns(Space(), to_device(test), out, MPI_COMM_NULL, labels); });
   CHECK(labelled.find("column 'b', line 5: the value 1e+300") != std::string::npos);
   // In double the same value is finite, and accepted.
   Kokkos::View<double**, Kokkos::LayoutRight, Memory> wide("wide", 5, 2);

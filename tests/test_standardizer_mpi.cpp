@@ -117,7 +117,8 @@ TEST_CASE("a non-finite value on one rank is refused on every rank, with its col
   const std::string expect = "rank " + std::to_string(last) +
                              ": dpmlp::Standardizer::transform_columns: column 2, test row 19: the value 1e+300 "
                              "standardized";
-  CHECK(dpmlp_test::all(message.compare(0, expect.size(), expect) == 0 && message.find("not finite in float") != std::string::npos));
+  CHECK(dpmlp_test::all(message.compare(0, expect.size(), expect) == 0 &&
+                        message.find("not finite in float") != std::string::npos));
   // A NaN in the last rank's training rows: fit_columns refuses on every rank and keeps the statistics.
   if (rank == last) {
     auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), train);

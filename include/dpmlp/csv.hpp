@@ -6,8 +6,8 @@
 //   auto split = dpmlp::split_rows(t.rows, 0.2, /*seed*/ 0);   // split.train, split.test: row indices
 //
 // The format: the first line is a header of column names (after a UTF-8 byte order mark, which is skipped);
-// every other non-blank line is a data row of as many fields as the header, separated by commas. Spaces and tabs around a field are ignored, and so are a
-// trailing "\r" (CRLF files) and blank lines. Header names may be wrapped in double quotes ("x1"); names must
+// every other non-blank line is a data row of as many fields as the header, separated by commas. Spaces and
+// tabs around a field are ignored, and so are a trailing "\r" (CRLF files) and blank lines. Header names may be wrapped in double quotes ("x1"); names must
 // be non-empty and distinct. Data fields must be finite decimal numbers (as strtod reads them in the C
 // locale: 1, -2.5, 3e-4); there is no quoting, no missing-value marker, no comment syntax.
 //

@@ -236,8 +236,9 @@ class Standardizer {
       typename X::non_const_value_type v{};
       Kokkos::deep_copy(v, Kokkos::subview(x, r, c));
       problem = "dpmlp::Standardizer::transform_columns: " + column_name(labels, c) + ", " + row_name(labels, r) +
-                ": the value " + number(static_cast<double>(v)) + " standardized (mean " + number(mean_[c]) + ", scale " +
-                number(scale_[c]) + ") is not finite in " + (sizeof(O) == 4 ? "float" : "the output's precision");
+                ": the value " + number(static_cast<double>(v)) + " standardized (mean " + number(mean_[c]) +
+                ", scale " + number(scale_[c]) + ") is not finite in " +
+                (sizeof(O) == 4 ? "float" : "the output's precision");
     }
     refuse_if(comm, problem);
   }
