@@ -76,6 +76,7 @@ void check(const Options& o) {
   if (o.rows <= 0 || o.cols <= 0 || o.hidden <= 0 || o.steps <= 0 || o.repeats <= 0) {
     throw dpmlp::InputError("--rows, --cols, --hidden, --steps and --repeats must be positive");
   }
+  seed::check_cols(o.cols);
   if (o.warmup < 0) throw dpmlp::InputError("--warmup must not be negative");
   if (o.reduction != "reproducible" && o.reduction != "fast") throw dpmlp::InputError("--reduction: reproducible|fast");
 }

@@ -70,6 +70,7 @@ cli::Parser command_line(Options& o) {
 void check(const Options& o) {
   if (o.rows <= 0) throw dpmlp::InputError("--rows must be positive");
   if (o.cols <= 0 || o.hidden <= 0) throw dpmlp::InputError("--cols and --hidden must be positive");
+  seed::check_cols(o.cols);
   if (o.steps <= 0) throw dpmlp::InputError("--steps must be positive");
   if (o.warmup < 0) throw dpmlp::InputError("--warmup must not be negative");
   if (!(o.rate > 0) || !std::isfinite(o.rate)) throw dpmlp::InputError("--rate must be positive and finite");

@@ -7,6 +7,8 @@
 #include <dpmlp/dpmlp.hpp>
 
 #include <chrono>
+#include <climits>
+#include <string>
 
 #include "cli.hpp"
 
@@ -35,6 +37,16 @@ void add_options(cli::Parser& p, O& o, const char* comms, const char* steps, con
          "on CUDA with NCCL, capture one step as a CUDA graph and replay it (TrainerOptions::cuda_graph)");
   p.flag("--peer", o.peer,
          "on CUDA, write the subtree sums straight into the other GPUs' memory (TrainerOptions::peer_exchange)");
+}
+
+// --cols C: the model sees 2*C features, an int (dpmlp::Standardizer::features), and the raw rows hold
+// C values each. Refused up front, before any device starts, where 2*C does not fit an int.
+inline void check_cols(int cols) {
+  if (cols > INT_MAX / 2) {
+    throw dpmlp::InputError("--cols " + std::to_string(cols) + ": the model would see 2*C = " +
+                            std::to_string(2LL * cols) + " features, more than an int holds (--cols at most " +
+                            std::to_string(INT_MAX / 2) + ")");
+  }
 }
 
 template <class ExecSpace>

@@ -9,12 +9,15 @@
 //      Only rank 0 needs the file; each rank receives only its rows (MPI_Scatterv).
 //   2. Every column but the target is a feature. Features and target are standardized per column
 //      (Standardizer column mode), with statistics fitted on the training rows of all ranks together and
-//      applied to the test rows.
+//      applied to the test rows. Any finite data give finite statistics; a value that would not be finite
+//      standardized (in float, the training precision: a 1e300 in a test row) is refused on every rank,
+//      naming its column and its line in DATA.csv.
 //   3. An MLP (features -> H relu -> 1) starts from JAX's initialization with PRNGKey(K), scaled 0.1, and
 //      trains data-parallel on the training rows: each rank holds its shard (trainer.shard()); the
 //      gradient is reduced across ranks every step. Rank 0 prints progress (dpmlp::ProgressBar); the loss
 //      shown is the MSE of the standardized target.
-//   4. It prints `train mse <g> test mse <g>`: the mean squared errors in the target's original units.
+//   4. It prints `train mse <g> test mse <g>`: the mean squared errors in the target's original units (past
+//      the double range, e.g. a target of 1e200, printed from their logarithm: 7.1e+398).
 //
 // --batch B: mini-batches of B training rows (DataParallelTrainer::train_epochs): each epoch visits every
 //   training row once, in an order drawn from --seed and the epoch alone (the same batches at any rank count);
@@ -66,7 +69,7 @@ struct Options {
   int epochs = 0;
   double rate = 0, momentum = 0, test_fraction = 0.2;
   unsigned long long seed = 0;
-  bool allow_cpu = false;
+  bool allow_cpu = false, rate_given = false;
 };
 
 // The command line, bound to o: the one table that parse() reads and --help prints.
@@ -88,7 +91,12 @@ cli::Parser command_line(Options& o) {
              if (o.epochs <= 0) throw dpmlp::InputError("--epochs must be positive");
            });
   p.value("--optimizer", "sgd|adam", o.optimizer, "the optimizer");
-  p.value("--rate", "R", o.rate, "learning rate", "0.01 with adam, 0.05 with sgd");
+  // A flag of its own says whether --rate came: any value given (0 and -0 included) is checked, never
+  // taken for "the default".
+  p.custom("--rate", "R", "0.01 with adam, 0.05 with sgd", "learning rate", [&o](const cli::Args& a, int& i) {
+    o.rate = a.real(i);
+    o.rate_given = true;
+  });
   p.value("--momentum", "M", o.momentum, "SGD momentum, in [0, 1)");
   p.value("--test-fraction", "F", o.test_fraction, "the share of rows held out for the test error, in [0, 1)");
   p.value("--seed", "K", o.seed, "seeds the split, the initial parameters and the order of the batches");
@@ -107,6 +115,9 @@ cli::Parser command_line(Options& o) {
   return p;
 }
 
+// The widest layer the errors' evaluator is built for (sum_squared_error).
+constexpr int kMaxWidth = 2048;
+
 // The checks that need every option read.
 void check(Options& o) {
   if (o.data.empty()) {
@@ -114,13 +125,23 @@ void check(Options& o) {
   }
   if (o.target.empty()) throw dpmlp::InputError("--target COLUMN is required (the column to predict)");
   if (o.hidden <= 0) throw dpmlp::InputError("--hidden must be positive");
+  // The errors are computed by the model's evaluator, which holds a row's activations in registers; it is
+  // built for layers up to kMaxWidth units. Refused here, before any data is read or any step is taken.
+  if (o.hidden > kMaxWidth) {
+    throw dpmlp::InputError("--hidden " + std::to_string(o.hidden) + ": train_csv evaluates models up to " +
+                            std::to_string(kMaxWidth) + " units wide");
+  }
   if (o.steps <= 0) throw dpmlp::InputError("--steps must be positive");
   if (o.batch < 0) throw dpmlp::InputError("--batch must not be negative");
   if (o.optimizer != "sgd" && o.optimizer != "adam") {
     throw dpmlp::InputError("--optimizer must be sgd or adam, got '" + o.optimizer + "'");
   }
-  if (o.rate == 0) o.rate = o.optimizer == "adam" ? 0.01 : 0.05;
-  if (!(o.rate > 0) || !std::isfinite(o.rate)) throw dpmlp::InputError("--rate must be positive and finite");
+  if (!o.rate_given) o.rate = o.optimizer == "adam" ? 0.01 : 0.05;
+  if (!(o.rate > 0) || !std::isfinite(o.rate)) {
+    char given[32];
+    std::snprintf(given, sizeof given, "%g", o.rate);
+    throw dpmlp::InputError(std::string("--rate must be positive and finite, got ") + given);
+  }
   if (!(o.momentum >= 0 && o.momentum < 1)) throw dpmlp::InputError("--momentum must be in [0, 1)");
   if (o.momentum != 0 && o.optimizer != "sgd") throw dpmlp::InputError("--momentum applies to --optimizer sgd only");
   if (!(o.test_fraction >= 0 && o.test_fraction < 1)) throw dpmlp::InputError("--test-fraction must be in [0, 1)");
@@ -143,7 +164,8 @@ void broadcast_string(std::string& s, MPI_Comm comm) {
   if (n > 0) MPI_Bcast(&s[0], static_cast<int>(n), MPI_CHAR, 0, comm);
 }
 
-// Rank 0 sends each rank the rows `order[first_r .. end_r)` of `table` (every column); returns this rank's.
+// Rank 0 sends each rank the rows `order[first_r .. end_r)` of `table` (every column, then the row's line
+// number in the file as column `cols`: exact in a double); returns this rank's, cols + 1 wide.
 HostMatrix scatter_rows(MPI_Comm comm, const dpmlp::CsvTable* table, const std::vector<std::int64_t>& order,
                         long long first, long long end, int cols) {
   int rank = 0, size = 1;
@@ -158,7 +180,7 @@ HostMatrix scatter_rows(MPI_Comm comm, const dpmlp::CsvTable* table, const std::
   if (rank == 0) {
     long long total = 0;
     for (int r = 0; r < size; ++r) {
-      const long long n = (ranges[2 * r + 1] - ranges[2 * r]) * cols;
+      const long long n = (ranges[2 * r + 1] - ranges[2 * r]) * (cols + 1);
       if (n > INT_MAX || total > INT_MAX) {
         problem = "the data are too large to scatter with int counts (" + std::to_string(n) + " values for rank " +
                   std::to_string(r) + ")";
@@ -174,14 +196,15 @@ HostMatrix scatter_rows(MPI_Comm comm, const dpmlp::CsvTable* table, const std::
         for (long long i = ranges[2 * r]; i < ranges[2 * r + 1]; ++i) {
           const std::int64_t row = order[static_cast<std::size_t>(i)];
           for (int c = 0; c < cols; ++c) packed.push_back((*table)(row, c));
+          packed.push_back(static_cast<double>(table->lines[static_cast<std::size_t>(row)]));
         }
       }
     }
   }
   dpmlp::agree(comm, problem);
-  HostMatrix local("rows", static_cast<std::size_t>(end - first), static_cast<std::size_t>(cols));
+  HostMatrix local("rows", static_cast<std::size_t>(end - first), static_cast<std::size_t>(cols) + 1);
   MPI_Scatterv(packed.data(), counts.data(), displs.data(), MPI_DOUBLE, local.data(),
-               static_cast<int>((end - first) * cols), MPI_DOUBLE, 0, comm);
+               static_cast<int>((end - first) * (cols + 1)), MPI_DOUBLE, 0, comm);
   return local;
 }
 
@@ -202,7 +225,11 @@ struct Out1 {
   KOKKOS_INLINE_FUNCTION float& operator()(int j) const { return p[j]; }
 };
 
-// Sum over this rank's rows of (prediction in original units - y)^2, with a model evaluator of MaxWidth.
+// Sum over this rank's rows of (prediction - y)^2 in units of y_scale (the standardized target's units),
+// with a model evaluator of MaxWidth. Computed there, not in y's own units, so that it cannot overflow for
+// any finite y (a target of 1e200 has squared errors past the double range); the caller scales the mean.
+// y is standardized as (y - mean) / scale, or as y / scale - mean / scale where the difference overflows
+// (the Standardizer's rule; the test rows' values were checked finite by transform_columns).
 template <int MaxWidth>
 double sum_squared_error(const dpmlp::Mlp<float, Memory>& model, const FloatMatrix& x, const DeviceMatrix& y,
                          double y_mean, double y_scale) {
@@ -213,11 +240,28 @@ double sum_squared_error(const dpmlp::Mlp<float, Memory>& model, const FloatMatr
       KOKKOS_LAMBDA(const std::int64_t r, double& acc) {
         float out[1] = {0.0f};
         eval(Kokkos::subview(x, r, Kokkos::ALL), Out1{out});
-        const double d = static_cast<double>(out[0]) * y_scale + y_mean - y(r, 0);
+        const double diff = y(r, 0) - y_mean;
+        const double z = dpmlp::compat::isfinite(diff) ? diff / y_scale : y(r, 0) / y_scale - y_mean / y_scale;
+        const double d = static_cast<double>(out[0]) - z;
         acc += d * d;
       },
       sum);
   return sum;
+}
+
+// "%g" of mean * scale^2 (a mean squared error in standardized units, back in the target's units), also
+// where that is past the double range (a target of 1e200): then from its decimal logarithm.
+std::string scaled_mse(double mean, double scale) {
+  char text[64];
+  const double value = mean * scale * scale;
+  if (std::isfinite(value) || !std::isfinite(mean) || mean <= 0) {
+    std::snprintf(text, sizeof text, "%g", value);
+  } else {
+    const double exponent10 = std::log10(mean) + 2 * std::log10(scale);
+    const double whole = std::floor(exponent10);
+    std::snprintf(text, sizeof text, "%ge+%.0f", std::pow(10.0, exponent10 - whole), whole);
+  }
+  return text;
 }
 
 double sum_squared_error(const dpmlp::Mlp<float, Memory>& model, const FloatMatrix& x, const DeviceMatrix& y,
@@ -225,8 +269,9 @@ double sum_squared_error(const dpmlp::Mlp<float, Memory>& model, const FloatMatr
   int widest = 0;
   for (int w : model.widths()) widest = std::max(widest, w);
   if (widest <= 256) return sum_squared_error<256>(model, x, y, y_mean, y_scale);
-  if (widest <= 2048) return sum_squared_error<2048>(model, x, y, y_mean, y_scale);
-  throw dpmlp::InputError("train_csv evaluates models up to 2048 units wide; this one has " + std::to_string(widest));
+  if (widest <= kMaxWidth) return sum_squared_error<kMaxWidth>(model, x, y, y_mean, y_scale);
+  throw dpmlp::InputError("train_csv evaluates models up to " + std::to_string(kMaxWidth) +
+                          " units wide; this one has " + std::to_string(widest));
 }
 
 template <class Optimizer>
@@ -272,6 +317,12 @@ int run(const Options& o, const Optimizer& optimizer, int devices) {
   L.columns.resize(static_cast<std::size_t>(L.cols));
   for (auto& name : L.columns) broadcast_string(name, comm);
   const int features = L.cols - 1;
+  // The model's input layer is as wide as the features; the errors' evaluator holds up to kMaxWidth. Every
+  // rank knows L.cols, so every rank refuses alike, before any training.
+  if (features > kMaxWidth) {
+    throw dpmlp::InputError(o.data + ":1: " + std::to_string(features) + " feature columns; train_csv evaluates " +
+                            "models up to " + std::to_string(kMaxWidth) + " units wide");
+  }
 
   // Mini-batches when --batch is below the training rows: whole epochs, at least --steps steps.
   const bool minibatch = o.batch > 0 && o.batch < L.n_train;
@@ -309,16 +360,49 @@ int run(const Options& o, const Optimizer& optimizer, int devices) {
   const DeviceMatrix y_train = columns_to_device(train_all, features, features + 1);
   const DeviceMatrix x_test = columns_to_device(test_all, 0, features);
   const DeviceMatrix y_test = columns_to_device(test_all, features, features + 1);
+  // Each row's line in the file (the column scatter_rows appended), for messages about a row.
+  auto lines_of = [&](const HostMatrix& m) {
+    std::vector<long long> lines(m.extent(0));
+    for (std::size_t r = 0; r < m.extent(0); ++r) lines[r] = static_cast<long long>(m(r, L.cols));
+    return lines;
+  };
+  const std::vector<long long> train_lines = lines_of(train_rows), test_lines = lines_of(test_rows);
+  // Messages name a column by its 1-based number and name in the file, and a row by its line, as the CSV
+  // reader's do.
+  auto column_label = [&](int file_column) {
+    return [&L, file_column](int) {
+      return "column " + std::to_string(file_column + 1) + " ('" +
+             dpmlp::detail::csv::printable(L.columns[static_cast<std::size_t>(file_column)]) + "')";
+    };
+  };
+  auto labels = [&](const std::vector<long long>& lines, const char* set) {
+    dpmlp::Standardizer::Labels l;
+    l.row = [&o, &lines, set](std::int64_t r) {
+      return "line " + std::to_string(lines[static_cast<std::size_t>(r)]) + " of " + o.data + " (a " + set + " row)";
+    };
+    return l;
+  };
+  dpmlp::Standardizer::Labels x_train_labels = labels(train_lines, "training");
+  dpmlp::Standardizer::Labels x_test_labels = labels(test_lines, "test");
+  dpmlp::Standardizer::Labels y_train_labels = x_train_labels, y_test_labels = x_test_labels;
+  // Feature k is file column k, or k + 1 from the target on.
+  x_train_labels.column = x_test_labels.column = [&L, column_label](int k) {
+    return column_label(k < L.target ? k : k + 1)(k);
+  };
+  y_train_labels.column = y_test_labels.column = column_label(L.target);
 
   // ---- 3. standardize: fit on the training rows of all ranks, apply to train and test
+  // Any finite data gives finite statistics; a value that would not be finite standardized into float (in
+  // the training rows or the test rows, the target included) is refused on every rank, naming its line.
   dpmlp::Standardizer sx, sy;
-  sx.fit_columns(space, x_train, comm);
-  sy.fit_columns(space, y_train, comm);
+  sx.fit_columns(space, x_train, comm, x_train_labels);
+  sy.fit_columns(space, y_train, comm, y_train_labels);
   FloatMatrix fx_train("x_train", x_train.extent(0), features), fy_train("y_train", y_train.extent(0), 1);
-  FloatMatrix fx_test("x_test", x_test.extent(0), features);
-  sx.transform_columns(space, x_train, fx_train);
-  sy.transform_columns(space, y_train, fy_train);
-  sx.transform_columns(space, x_test, fx_test);
+  FloatMatrix fx_test("x_test", x_test.extent(0), features), fy_test("y_test", y_test.extent(0), 1);
+  sx.transform_columns(space, x_train, fx_train, comm, x_train_labels);
+  sy.transform_columns(space, y_train, fy_train, comm, y_train_labels);
+  sx.transform_columns(space, x_test, fx_test, comm, x_test_labels);
+  sy.transform_columns(space, y_test, fy_test, comm, y_test_labels);
   const double y_mean = sy.column_mean()[0], y_scale = sy.column_scale()[0];
   trainer.set_data(fx_train, fy_train);
 
@@ -368,11 +452,12 @@ int run(const Options& o, const Optimizer& optimizer, int devices) {
                     sum_squared_error(model, fx_test, y_test, y_mean, y_scale)};
   MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, comm);
   if (rank == 0) {
-    const double train_mse = sums[0] / static_cast<double>(L.n_train);
+    const std::string train_mse = scaled_mse(sums[0] / static_cast<double>(L.n_train), y_scale);
     if (L.n_test > 0) {
-      std::printf("train mse %g test mse %g\n", train_mse, sums[1] / static_cast<double>(L.n_test));
+      std::printf("train mse %s test mse %s\n", train_mse.c_str(),
+                  scaled_mse(sums[1] / static_cast<double>(L.n_test), y_scale).c_str());
     } else {
-      std::printf("train mse %g test mse n/a (--test-fraction 0)\n", train_mse);
+      std::printf("train mse %s test mse n/a (--test-fraction 0)\n", train_mse.c_str());
     }
     std::fflush(stdout);
   }

@@ -8,6 +8,9 @@
 #     with the file and line number, exit code 2; so is --epochs 0;
 #   - mini-batches (--batch 64 --epochs 60) also reach the noise level, and 30 + 30 epochs through
 #     --checkpoint end with the same numbers as 60 epochs in one go;
+#   - extreme but finite data: a feature or the target in units of 1e200 trains as linear.csv does; a 1e300 in
+#     a test row is refused on every rank, naming its line; --hidden past 2048 and a --rate of -0 are refused
+#     before any training; a byte order mark before the header is skipped, an ESC in a name shown as '?';
 #   - without --allow-cpu-devices: the refusal line and exit 77 on a CPU build (-DDEVICE_BUILD=1: a run on 2 GPUs).
 separate_arguments(MPIFLAGS)
 if(NOT WORK)
@@ -130,6 +133,41 @@ expect_refusal(epochs.csv "${head}" "--epochs must be positive" --batch 1 --epoc
 expect_refusal(steps_range.csv "${head}" "--steps: out of range: '4294967297'" --steps 4294967297)
 expect_refusal(steps_text.csv "${head}" "--steps: not an integer: '12x'" --steps 12x)
 expect_refusal(rate_text.csv "${head}" "--rate: not a number: '0.1x'" --rate 0.1x)
+# Options refused before any data is read or any step taken: --hidden past the errors' evaluator (it was
+# refused only after training and writing the checkpoint), a learning rate that is not above 0 (-0 became the
+# default).
+file(REMOVE "${WORK}/hidden.ckpt")
+expect_refusal(hidden.csv "${head}" "--hidden 4096: train_csv evaluates models up to 2048 units wide" --hidden 4096
+               --checkpoint "${WORK}/hidden.ckpt")
+if(EXISTS "${WORK}/hidden.ckpt")
+  message(FATAL_ERROR "--hidden 4096: wrote the checkpoint before refusing")
+endif()
+# A CSV of 2049 features: the model's input layer past the evaluator too, refused once the header is read.
+set(wide_header "")
+set(wide_row "")
+foreach(i RANGE 2048)
+  string(APPEND wide_header "c${i},")
+  string(APPEND wide_row "1,")
+endforeach()
+expect_refusal(wide.csv "${wide_header}y\n${wide_row}2\n${wide_row}3\n"
+               "wide\\.csv:1: 2049 feature columns; train_csv evaluates models up to 2048 units wide")
+expect_refusal(rate_minus_zero.csv "${head}" "--rate must be positive and finite, got -0" --rate -0)
+expect_refusal(rate_zero.csv "${head}" "--rate must be positive and finite, got 0" --rate 0)
+expect_refusal(rate_negative.csv "${head}" "--rate must be positive and finite, got -0.5" --optimizer sgd --rate -0.5)
+# Header text in messages is sanitized: an ESC sequence in a name reaches the terminal as '?'.
+string(ASCII 27 esc)
+expect_refusal(escape.csv "x1${esc}[2J,y\n1,2\n2,3\n" "no column 'z' \\(the header has: x1\\?\\[2J, y\\)" --target z)
+if(err MATCHES "${esc}")
+  message(FATAL_ERROR "escape.csv: an ESC byte from the header reached the error output")
+endif()
+# A UTF-8 byte order mark (as spreadsheet programs write) before the header: the first column is found by name.
+string(ASCII 239 187 191 bom)
+file(WRITE "${WORK}/bom.csv" "${bom}y,x1\n1,2\n2,4\n3,6\n4,8\n5,10\n")
+run_train_csv(out err rc "${WORK}/bom.csv" --allow-cpu-devices --target y --steps 3 --progress off)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "target 'y'")
+  message(FATAL_ERROR "bom.csv: the column 'y' after a byte order mark was not found: exit ${rc}\n${out}\n${err}")
+endif()
+
 run_train_csv(out err rc "${WORK}/nowhere.csv" --allow-cpu-devices --target y)
 if(NOT rc EQUAL 2 OR NOT err MATCHES "rank 0\\): [^\n]*nowhere\\.csv: cannot open" OR NOT err MATCHES "rank 1\\): [^\n]*nowhere")
   message(FATAL_ERROR "a missing file: expected exit 2 and the message on both ranks, got ${rc}\n${err}")
@@ -158,6 +196,55 @@ string(REGEX MATCH "train mse [^\n]+" mb_resumed "${out}")
 if(NOT rc EQUAL 0 OR NOT out MATCHES "resumed from [^\n]*mb.ckpt at step 150" OR NOT mb_resumed STREQUAL mb_one_go)
   message(FATAL_ERROR "mini-batches, 30 + 30 epochs through a checkpoint gave '${mb_resumed}', 60 epochs '${mb_one_go}'\n${out}\n${err}")
 endif()
+
+# ---- extreme but finite values: a feature column of +-1e200 (its variance overflowed and the column was
+# zeroed: train mse 0.94), a target of +-1e200 (`train mse inf`), a 1e300 in a test row (`test mse -nan`); all
+# exited 0. Now the first two train as linear.csv does, and the third is refused, naming the line.
+# body: the data lines, each after its "\n" (CMake's "^" matches wherever a replacement search resumes).
+string(FIND "${csv}" "\n" header_end)
+string(SUBSTRING "${csv}" ${header_end} -1 body)
+string(REGEX REPLACE "\n([^,\n]+)," "\n\\1e200," bigx "${body}")
+file(WRITE "${WORK}/big_x1.csv" "x1,x2,y${bigx}")
+run_train_csv(out err rc "${WORK}/big_x1.csv" ${common} --steps 300 --progress off)
+message(STATUS "big_x1.csv (x1 in units of 1e200):\n${out}")
+if(NOT rc EQUAL 0 OR NOT out MATCHES "\ntrain mse ([^ ]+) test mse ([^ \n]+)\n" OR NOT CMAKE_MATCH_1 LESS 0.125
+   OR NOT CMAKE_MATCH_2 LESS 0.125)
+  message(FATAL_ERROR "big_x1.csv: expected train and test MSE near the noise variance 0.0833, exit ${rc}\n${out}\n${err}")
+endif()
+string(REGEX REPLACE "([^,\n]+)\n" "\\1e200\n" bigy "${body}")
+file(WRITE "${WORK}/big_y.csv" "x1,x2,y${bigy}")
+run_train_csv(out err rc "${WORK}/big_y.csv" ${common} --steps 300 --progress off)
+message(STATUS "big_y.csv (y in units of 1e200):\n${out}")
+# The errors in y's units are those of linear.csv times 1e400: past the double range, printed from their
+# logarithm, e.g. 8.3e+398.
+if(NOT rc EQUAL 0 OR NOT out MATCHES "\ntrain mse ([0-9.]+)e\\+(39[89]) test mse ([0-9.]+)e\\+(39[89])\n")
+  message(FATAL_ERROR "big_y.csv: expected train and test MSE near 0.0833e400, exit ${rc}\n${out}\n${err}")
+endif()
+foreach(i 1 3)
+  math(EXPR e "${i} + 1")
+  set(value "${CMAKE_MATCH_${i}}")
+  set(exponent "${CMAKE_MATCH_${e}}")
+  if((exponent EQUAL 398 AND NOT value GREATER 4) OR (exponent EQUAL 399 AND NOT value LESS 1.25))
+    message(FATAL_ERROR "big_y.csv: an MSE of ${value}e+${exponent} is not near 0.0833e400\n${out}")
+  endif()
+endforeach()
+# A 1e300 in x1 of the last test row (rank 1's share): standardized into float it is inf.
+run_train_csv(out err rc "${WORK}/linear.csv" ${common} --steps 1 --progress off --write-split "${WORK}/split.csv")
+file(READ "${WORK}/split.csv" split)
+string(REGEX MATCHALL "\n[0-9]+,test" test_rows "${split}")
+list(GET test_rows -1 last_test)
+string(REGEX REPLACE "[^0-9]*([0-9]+),test" "\\1" last_test "${last_test}")
+math(EXPR last_line "${last_test} + 2")  # the header is line 1, row 0 line 2
+file(STRINGS "${WORK}/linear.csv" csv_lines)
+math(EXPR at "${last_line} - 1")
+list(GET csv_lines ${at} bad_line)
+string(REGEX REPLACE "^[^,]+," "1e300," bad_line "${bad_line}")
+list(REMOVE_AT csv_lines ${at})
+list(INSERT csv_lines ${at} "${bad_line}")
+string(JOIN "\n" big_test ${csv_lines})
+expect_refusal(big_test.csv "${big_test}\n"
+               "rank 1: dpmlp::Standardizer::transform_columns: column 1 \\('x1'\\), line ${last_line} of [^\n]*big_test\\.csv \\(a test row\\): the value 1e\\+300 standardized \\(mean [^)]*\\) is not finite in float"
+               --seed 3 --progress off)
 
 # ---- without --allow-cpu-devices: on a CPU build the refusal and exit 77; on a GPU build (DEVICE_BUILD, run
 # on a machine with 2 GPUs) a run on the GPUs

@@ -6,7 +6,8 @@
 # script (cmake -DCHECK=... -P cli_checks.cmake), which does the checks:
 #   CHECK=command_line (one test per program, cli_<program>): --help and -h exit 0 and print the usage once
 #     (rank 0 only, at 2 ranks), on stdout; an unknown option and a stray argument exit 2 with a message on
-#     every rank that points to --help (train_csv, whose argument is its data file: run without one).
+#     every rank that points to --help (train_csv, whose argument is its data file: run without one);
+#     multi_gpu_train and train_bench refuse --cols 1073741824 (2*C features past int) on every rank.
 #   CHECK=progress (cli_train_csv_progress): train_csv at 2 ranks with its output going to a file, then to a
 #     pipe: the default progress (--progress auto) writes plain lines, no ESC and no carriage return, though
 #     OpenMPI gives the ranks a pseudo-terminal as stdout; --progress bar still draws the live line (so the
@@ -112,6 +113,16 @@ if(CHECK STREQUAL "command_line")
     endif()
     message(STATUS "${PROGRAM} ${arguments}: exit 2:\n${err}")
   endforeach()
+  # --cols C gives 2*C features, an int: 1073741824 overflowed it. Refused up front, on every rank.
+  if(PROGRAM STREQUAL "multi_gpu_train" OR PROGRAM STREQUAL "train_bench")
+    run(out err rc RANKS ${RANKS} ARGS --cols 1073741824)
+    count_of(mentions "${err}" "--cols 1073741824: the model would see 2*C = 2147483648 features, more than an int holds (--cols at most 1073741823)")
+    if(NOT rc EQUAL 2 OR NOT mentions EQUAL printers)
+      message(FATAL_ERROR "${PROGRAM} --cols 1073741824: expected exit 2 and the refusal from each of ${printers} "
+                          "rank(s), got exit ${rc} and ${mentions}:\n${err}")
+    endif()
+    message(STATUS "${PROGRAM} --cols 1073741824: exit 2:\n${err}")
+  endif()
   message(STATUS "${PROGRAM}: the command-line checks passed")
 
 elseif(CHECK STREQUAL "progress")

@@ -93,6 +93,37 @@ TEST_CASE("csv: a missing target column names the file and the columns there are
   }
 }
 
+TEST_CASE("csv: a UTF-8 byte order mark before the header is not part of the first name", "[csv]") {
+  // The reproducer: a spreadsheet's CSV, whose first column could then not be found by its name (the error
+  // showed an invisible character).
+  const auto t = dpmlp::parse_csv("\xEF\xBB\xBFy,x1\r\n1,2\r\n", "bom.csv");
+  REQUIRE(t.columns == std::vector<std::string>{"y", "x1"});
+  CHECK(t.require_column("y") == 0);
+  CHECK(t.values == std::vector<double>{1, 2});
+  CHECK(t.lines == std::vector<std::int64_t>{2});
+  // Only at the start of the text: elsewhere the bytes are a name's, and a data row's are not a number.
+  CHECK(refusal("y\n\xEF\xBB\xBF" "1\n") == "data.csv:2: column 1 ('y'): not a number: '???1'");
+}
+
+TEST_CASE("csv: text from the file in a message has no control bytes (terminal escapes)", "[csv]") {
+  // The reproducer: a header name carrying ESC sequences, printed raw to the terminal in the error message.
+  const std::string evil = "a\x1b]0;owned\x07\x1b[2J";
+  const auto t = dpmlp::parse_csv(evil + ",y\n1,2\n", "evil.csv");
+  CHECK(t.columns[0] == evil);  // the name itself is kept; only messages show it sanitized
+  std::string message;
+  try {
+    t.require_column("z\x1b[1m");
+  } catch (const dpmlp::InputError& e) {
+    message = e.what();
+  }
+  CHECK(message == "evil.csv:1: no column 'z?[1m' (the header has: a?]0;owned??[2J, y)");
+  CHECK(refusal(evil + ",y\n1,x\x1b[5m\n") == "data.csv:2: column 2 ('y'): not a number: 'x?[5m'");
+  CHECK(refusal(evil + ",y\nabc,2\n") == "data.csv:2: column 1 ('a?]0;owned??[2J'): not a number: 'abc'");
+  CHECK(refusal("b\x9b" "31m,b\x9b" "31m\n1,2\n") ==
+        "data.csv:1: column 2: the name 'b?31m' appears twice in the header");
+  CHECK(dpmlp::detail::csv::printable(std::string("t\x7f\r\n\0", 5)) == "t????");
+}
+
 TEST_CASE("csv: read_csv reads a file, and names one it cannot open", "[csv]") {
   char path[] = "/tmp/dpmlp_test_csv_XXXXXX";
   const int fd = mkstemp(path);

@@ -5,14 +5,16 @@
 //   const int target = t.require_column("y");             // InputError naming the file and the columns
 //   auto split = dpmlp::split_rows(t.rows, 0.2, /*seed*/ 0);   // split.train, split.test: row indices
 //
-// The format: the first line is a header of column names; every other non-blank line is a data row of as
-// many fields as the header, separated by commas. Spaces and tabs around a field are ignored, and so are a
-// trailing "\r" (CRLF files) and blank lines. Header names may be wrapped in double quotes ("x1"); names must
+// The format: the first line is a header of column names (after a UTF-8 byte order mark, which is skipped);
+// every other non-blank line is a data row of as many fields as the header, separated by commas. Spaces and
+// tabs around a field are ignored, and so are a trailing "\r" (CRLF files) and blank lines. Header names may be wrapped in double quotes ("x1"); names must
 // be non-empty and distinct. Data fields must be finite decimal numbers (as strtod reads them in the C
 // locale: 1, -2.5, 3e-4); there is no quoting, no missing-value marker, no comment syntax.
 //
 // Every error is an InputError whose message names the file, the 1-based line number (the header is line
-// 1) and the column (its 1-based number and its name):
+// 1) and the column (its 1-based number and its name). Text from the file in a message (a name, a field) has
+// every byte outside printable ASCII shown as '?', as the .npy reader shows its header, so that a file cannot
+// send control sequences to the terminal that prints the message:
 //   data.csv:7: column 3 ('x2'): not a number: 'abc'
 //   data.csv:9: 3 fields, but the header has 4 columns
 //   data.csv:4: column 2 ('x1'): not finite: 'nan'
@@ -45,6 +47,21 @@
 
 namespace dpmlp {
 
+namespace detail {
+namespace csv {
+
+// `text` for a message: bytes outside printable ASCII (control bytes, ESC, DEL, anything >= 0x80) as '?'.
+inline std::string printable(const std::string& text) {
+  std::string out(text);
+  for (char& c : out) {
+    if (!(c >= 32 && c < 127)) c = '?';
+  }
+  return out;
+}
+
+}  // namespace csv
+}  // namespace detail
+
 struct CsvTable {
   std::string source;                // the file name (or the name given to parse_csv), for messages
   std::vector<std::string> columns;  // the header's names, in file order
@@ -65,11 +82,12 @@ struct CsvTable {
 
   // The index of the column called `name`; InputError (naming the file, line 1 and the columns) if none.
   int require_column(const std::string& name) const {
+    using detail::csv::printable;
     const int c = find_column(name);
     if (c >= 0) return c;
     std::string have;
-    for (std::size_t i = 0; i < columns.size(); ++i) have += (i ? ", " : "") + columns[i];
-    throw InputError(source + ":1: no column '" + name + "' (the header has: " + have + ")");
+    for (std::size_t i = 0; i < columns.size(); ++i) have += (i ? ", " : "") + printable(columns[i]);
+    throw InputError(source + ":1: no column '" + printable(name) + "' (the header has: " + have + ")");
   }
 };
 
@@ -101,7 +119,7 @@ inline void split_fields(const char* begin, const char* end, std::vector<std::pa
 inline std::string shown(const char* begin, const char* end) {
   std::string s(begin, end);
   if (s.size() > 40) s = s.substr(0, 37) + "...";
-  return s;
+  return printable(s);
 }
 
 }  // namespace csv
@@ -116,6 +134,8 @@ inline CsvTable parse_csv(const std::string& text, const std::string& source) {
   std::string number;  // a NUL-terminated copy of one field, for strtod
   const char* p = text.data();
   const char* const end = p + text.size();
+  // A UTF-8 byte order mark (spreadsheet programs write one) is not part of the first column's name.
+  if (text.compare(0, 3, "\xEF\xBB\xBF") == 0) p += 3;
   std::int64_t line = 0;
   bool have_header = false;
   while (p < end) {
@@ -143,7 +163,9 @@ inline CsvTable parse_csv(const std::string& text, const std::string& source) {
         std::string name(b, e);
         const std::string where = source + ":" + std::to_string(line) + ": column " + std::to_string(i + 1);
         if (name.empty()) throw InputError(where + " of the header has no name");
-        if (!seen.insert(name).second) throw InputError(where + ": the name '" + name + "' appears twice in the header");
+        if (!seen.insert(name).second) {
+          throw InputError(where + ": the name '" + detail::csv::printable(name) + "' appears twice in the header");
+        }
         t.columns.push_back(std::move(name));
       }
       have_header = true;
@@ -158,7 +180,8 @@ inline CsvTable parse_csv(const std::string& text, const std::string& source) {
       const char* b = fields[i].first;
       const char* e = fields[i].second;
       auto where = [&] {
-        return source + ":" + std::to_string(line) + ": column " + std::to_string(i + 1) + " ('" + t.columns[i] + "')";
+        return source + ":" + std::to_string(line) + ": column " + std::to_string(i + 1) + " ('" +
+               detail::csv::printable(t.columns[i]) + "')";
       };
       if (b == e) throw InputError(where() + ": empty field (missing values are not supported)");
       number.assign(b, e);
