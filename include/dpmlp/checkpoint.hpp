@@ -38,10 +38,12 @@
 // the directory, so `path` is always either the previous checkpoint or the new one, never a partial file.
 //
 // Reading checks, in this order: the magic, the version and the scalar type (they decide how the rest is
-// read), the length against the header's sizes (truncated or too long), the checksum, and only then whether
-// the checkpoint fits the trainer (widths, activation, optimizer, state size). So a damaged header reads as
-// "corrupted", not as a misleading "wrong widths". Nothing in the trainer changes unless the whole file
-// validates.
+// read), each header field's range as it is read (a width in [0, INT32_MAX], the name length at most
+// max_name_length, the step count in [0, max_steps_done]: trainer_options.hpp; no value is cast or computed
+// with before its check), the length against the header's sizes (truncated or too long), the checksum, and
+// only then whether the checkpoint fits the trainer (widths, activation, optimizer, state size). So a damaged
+// header reads as "corrupted", not as a misleading "wrong widths". Nothing in the trainer changes unless the
+// whole file validates, and the file is only read.
 #pragma once
 
 #include <mpi.h>
@@ -52,9 +54,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -63,6 +67,7 @@
 #include "dpmlp/errors.hpp"
 #include "dpmlp/kokkos_compat.hpp"
 #include "dpmlp/mlp.hpp"
+#include "dpmlp/trainer_options.hpp"
 
 namespace dpmlp {
 
@@ -70,6 +75,8 @@ namespace checkpoint_format {
 inline constexpr char magic[8] = {'D', 'P', 'M', 'L', 'P', 'C', 'K', '1'};
 inline constexpr std::uint32_t version = 1;
 inline constexpr std::uint32_t float32 = 4, float64 = 8;
+// The longest optimizer name a reader accepts (the library's are "sgd" and "adam").
+inline constexpr std::uint64_t max_name_length = 255;
 }  // namespace checkpoint_format
 
 namespace detail {
@@ -407,11 +414,23 @@ std::int64_t read_file(const Trainer& t, const std::string& path, const HostView
     throw InputError(what + " is truncated: it is " + std::to_string(size) +
                      " bytes and ends inside the widths");
   }
+  // Every field is range-checked as it is read, before it is cast or computed with: a flipped bit anywhere
+  // in the header must end in an InputError naming the field, never in an overflow.
+  auto out_of_range = [&](const std::string& field, std::uint64_t value, std::uint64_t limit) {
+    return InputError(what + " is corrupted: the " + field + " is " + std::to_string(value) + ", not in [0, " +
+                      std::to_string(limit) + "]");
+  };
   for (std::uint64_t i = 0; i < n_widths; ++i) {
-    h.widths.push_back(static_cast<std::int32_t>(in.le(4, "widths")));
+    const std::uint64_t width = in.le(4, "widths");
+    const auto max_width = static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max());
+    if (width > max_width) throw out_of_range("width " + std::to_string(i), width, max_width);
+    h.widths.push_back(static_cast<std::int32_t>(width));
   }
   h.activation = static_cast<std::uint32_t>(in.le(4, "activation"));
   const std::uint64_t name_length = in.le(4, "optimizer name");
+  if (name_length > checkpoint_format::max_name_length) {
+    throw out_of_range("optimizer name length", name_length, checkpoint_format::max_name_length);
+  }
   if (name_length > in.remaining()) {
     throw InputError(what + " is truncated: it is " + std::to_string(size) +
                      " bytes and ends inside the optimizer name");
@@ -420,17 +439,22 @@ std::int64_t read_file(const Trainer& t, const std::string& path, const HostView
   in.read(&h.optimizer[0], name_length, "optimizer name");
   h.state_size = in.le(8, "optimizer state length");
   h.num_params = in.le(8, "number of parameters");
-  h.steps = static_cast<std::int64_t>(in.le(8, "step count"));
+  const std::uint64_t steps = in.le(8, "step count");
+  // The bound keeps every later step number (steps + the steps of a run) far from overflowing int64.
+  const auto max_steps = static_cast<std::uint64_t>(max_steps_done);
+  if (steps > max_steps) throw out_of_range("step count", steps, max_steps);
+  h.steps = static_cast<std::int64_t>(steps);
 
-  // The length the header promises (computed so that a garbage count cannot overflow).
+  // The length the header promises, checked without overflow: num_params and state_size are any u64, so
+  // they are compared with what the rest of the file can hold before they are added or multiplied.
   const std::uint64_t value_bytes = sizeof(Scalar);
   const std::uint64_t room = in.remaining() / value_bytes;
   if (h.num_params > room || h.state_size > room - h.num_params ||
       (h.num_params + h.state_size) * value_bytes + 8 > in.remaining()) {
-    const long double promised = static_cast<long double>(in.position()) +
-                                 (static_cast<long double>(h.num_params) + h.state_size) * value_bytes + 8;
     throw InputError(what + " is truncated: it is " + std::to_string(size) + " bytes, its header says " +
-                     std::to_string(static_cast<unsigned long long>(promised)));
+                     std::to_string(h.num_params) + " parameters and " + std::to_string(h.state_size) +
+                     " optimizer state values of " + std::to_string(value_bytes) + " bytes each after byte " +
+                     std::to_string(in.position()) + ", and an 8-byte checksum");
   }
   const std::uint64_t expected = in.position() + (h.num_params + h.state_size) * value_bytes + 8;
   if (size > expected) {
@@ -470,7 +494,6 @@ std::int64_t read_file(const Trainer& t, const std::string& path, const HostView
     throw InputError(what + " is corrupted: " + std::to_string(h.num_params) + " parameters for widths " +
                      join_widths(h.widths));
   }
-  if (h.steps < 0) throw InputError(what + " is corrupted: negative step count " + std::to_string(h.steps));
   if (!host_is_little_endian()) {
     swap_each(reinterpret_cast<unsigned char*>(params.data()), h.num_params, sizeof(Scalar));
     swap_each(reinterpret_cast<unsigned char*>(state.data()), h.state_size, sizeof(Scalar));
