@@ -11,7 +11,10 @@
 #include <catch2/catch.hpp>
 
 #include <mpi.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -706,4 +709,78 @@ TEST_CASE("at the step count limit a run is refused on every rank before any ste
   // ProgressBar's total (steps before + steps) saturates for callers other than a trainer.
   dpmlp::ProgressBar bar(nullptr);
   bar.begin_training(dpmlp::TrainInfo{10, INT64_MAX, 0, 1});
+}
+
+// ---- replacing a checkpoint: permission bits kept, killed writers' temporary files removed
+
+TEST_CASE("a save keeps the replaced checkpoint's permission bits", "[mpi][checkpoint]") {
+  const TempDir dir;
+  REQUIRE(dpmlp_test::all(dir.ok()));
+  const std::string path = dir.file("private.ckpt");
+  Run<dpmlp::Sgd> run(dpmlp::Sgd(0.05));
+  run.trainer.train(1);
+  dpmlp::save_checkpoint(run.trainer, path);
+  auto mode_of = [](const std::string& p) {
+    struct stat st;
+    return ::stat(p.c_str(), &st) == 0 ? static_cast<int>(st.st_mode & 07777) : -1;
+  };
+  for (const int mode : {0600, 0640, 0400}) {
+    INFO("mode " << std::oct << mode);
+    if (dpmlp_test::rank() == 0) REQUIRE(::chmod(path.c_str(), static_cast<mode_t>(mode)) == 0);
+    run.trainer.train(1);
+    dpmlp::save_checkpoint(run.trainer, path);
+    CHECK((dpmlp_test::rank() != 0 || mode_of(path) == mode));
+    Run<dpmlp::Sgd> other(dpmlp::Sgd(0.05), 99);
+    dpmlp::load_checkpoint(other.trainer, path);  // and it is the new checkpoint
+    CHECK(snapshot(other.trainer) == snapshot(run.trainer));
+  }
+  CHECK((dpmlp_test::rank() != 0 || leftover_tmp_files(dir.path()) == 0));
+}
+
+namespace {
+// The id of a process that has exited and been reaped (a killed writer's, for the test's purpose).
+long long dead_pid() {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  return static_cast<long long>(child);
+}
+}  // namespace
+
+TEST_CASE("a save removes killed writers' temporary files of its checkpoint, and nothing else",
+          "[mpi][checkpoint]") {
+  const TempDir dir;
+  REQUIRE(dpmlp_test::all(dir.ok()));
+  const std::string path = dir.file("run.ckpt");
+  Run<dpmlp::Sgd> run(dpmlp::Sgd(0.05));
+  run.trainer.train(1);
+  std::vector<std::string> stale, kept;
+  if (dpmlp_test::rank() == 0) {
+    const long long dead = dead_pid(), dead2 = dead_pid();
+    const long long alive = static_cast<long long>(::getppid());  // the launcher: running
+    REQUIRE(::kill(static_cast<pid_t>(alive), 0) == 0);
+    const std::string junk(4096, 'x');
+    stale = {path + ".tmp." + std::to_string(dead), path + ".tmp." + std::to_string(dead2)};
+    kept = {path + ".tmp." + std::to_string(alive),           // a writer that is still running
+            dir.file("other.ckpt.tmp." + std::to_string(dead)),  // another checkpoint's
+            path + ".tmp." + std::to_string(dead) + ".keep",     // not a bare pid
+            path + ".tmp.0" + std::to_string(dead),              // not canonical
+            path + ".tmp.x" + std::to_string(dead),
+            dir.file("run.ckpt.tmp.")};
+    for (const auto& f : stale) write_all(f, std::vector<unsigned char>(junk.begin(), junk.end()));
+    for (const auto& f : kept) write_all(f, std::vector<unsigned char>(junk.begin(), junk.end()));
+    fs::create_directory(path + ".tmp." + std::to_string(dead_pid()));  // a directory is never removed
+  }
+  dpmlp::save_checkpoint(run.trainer, path);
+  if (dpmlp_test::rank() == 0) {
+    for (const auto& f : stale) CHECK_FALSE(fs::exists(f));
+    for (const auto& f : kept) CHECK(fs::exists(f));
+    int dirs = 0;
+    for (const auto& e : fs::directory_iterator(dir.path())) dirs += e.is_directory() ? 1 : 0;
+    CHECK(dirs == 1);
+  }
+  Run<dpmlp::Sgd> other(dpmlp::Sgd(0.05), 99);
+  dpmlp::load_checkpoint(other.trainer, path);
+  CHECK(snapshot(other.trainer) == snapshot(run.trainer));
 }

@@ -36,6 +36,11 @@
 //
 // Writing is atomic: rank 0 writes `path.tmp.<pid>`, flushes and fsyncs it, renames it over `path` and fsyncs
 // the directory, so `path` is always either the previous checkpoint or the new one, never a partial file.
+// A checkpoint that replaces another keeps the old file's permission bits (a 0600 checkpoint stays 0600; the
+// temporary file gets them before any byte is written). A writer killed before its rename leaves its
+// `path.tmp.<pid>`; the next save to `path` removes every regular file named `path.tmp.<pid>` whose <pid> is
+// no running process on this host, and nothing else. (Processes on other hosts are not visible: two jobs on
+// different hosts writing one checkpoint path on a shared file system are not supported.)
 //
 // Reading checks, in this order: the magic, the version and the scalar type (they decide how the rest is
 // read), each header field's range as it is read (a width in [0, INT32_MAX], the name length at most
@@ -48,7 +53,9 @@
 
 #include <mpi.h>
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -304,6 +311,50 @@ inline std::string directory_of(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
+// The file name part of `path` (after the last '/').
+inline std::string base_name(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// The temporary file name of a writer with process id `pid`.
+inline std::string temporary_name(const std::string& path, long long pid) {
+  return path + ".tmp." + std::to_string(pid);
+}
+
+// Removes what killed writers of `path` left: regular files named exactly `<base>.tmp.<pid>` in path's
+// directory, <pid> a decimal process id other than this process's, for which no process exists (kill(pid, 0)
+// fails with ESRCH; a process of another user answers EPERM and its file is kept). Nothing else is touched:
+// not other checkpoints' files, not names with anything after the pid, not links or directories. Best effort:
+// a file that cannot be removed stays, and the save goes on.
+inline void remove_stale_temporaries(const std::string& path) {
+  const std::string base = base_name(path);
+  if (base.empty()) return;
+  const std::string prefix = base + ".tmp.";
+  const std::string dir = directory_of(path);
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return;
+  const long long me = static_cast<long long>(::getpid());
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    // A canonical decimal pid_t: digits only, no leading zero, at most 10 digits and in the int range.
+    if (digits.size() > 10 || digits[0] == '0' ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      continue;
+    }
+    const long long pid = std::stoll(digits);
+    if (pid > INT_MAX || pid == me) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    const std::string file = dir == "/" ? "/" + name : dir + "/" + name;
+    struct stat st;
+    if (::lstat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    ::unlink(file.c_str());
+  }
+  ::closedir(d);
+}
+
 // Rank 0's part of save_checkpoint. Throws InputError with the reason.
 template <class Trainer>
 void write_file(const Trainer& t, const std::string& path) {
@@ -315,9 +366,20 @@ void write_file(const Trainer& t, const std::string& path) {
   const auto params = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), t.model().params());
   const auto state = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), t.optimizer_state());
 
-  TempFile tmp(path + ".tmp." + std::to_string(static_cast<long long>(::getpid())));
+  remove_stale_temporaries(path);
+  TempFile tmp(temporary_name(path, static_cast<long long>(::getpid())));
   if (!tmp.get()) {
     throw InputError(who + "cannot create '" + tmp.name() + "': " + errno_text(tmp.open_errno()));
+  }
+  // A checkpoint that replaces another keeps its permission bits (the new file would otherwise get the
+  // umask's, 0644 for 0600), set before any byte is written so the data is never more readable than before.
+  struct stat old;
+  if (::stat(path.c_str(), &old) == 0 && S_ISREG(old.st_mode)) {
+    if (::fchmod(::fileno(tmp.get()), old.st_mode & 07777) != 0) {
+      const int code = errno;
+      throw InputError(who + "cannot give '" + tmp.name() + "' the permissions of '" + path + "': " +
+                       errno_text(code));
+    }
   }
   HashedWriter out(tmp.get(), tmp.name());
   const std::vector<unsigned char> head = encode(h);
