@@ -407,7 +407,7 @@ TEST_CASE("load refuses a bad file on every rank and leaves the trainer unchange
 
   SECTION("truncated in the parameters") {
     rank0_edit(good, bad, [](std::vector<unsigned char>& b) { b.resize(b.size() - 10); });
-    refused(bad, {"rank 0: ", "bad.ckpt", "truncated"});
+    refused(bad, {"rank 0: ", "bad.ckpt", "truncated: it is 709 bytes, its header says 719"});
   }
   SECTION("truncated in the header") {
     rank0_edit(good, bad, [](std::vector<unsigned char>& b) { b.resize(30); });
@@ -618,7 +618,8 @@ TEST_CASE("load refuses crafted header fields (checksum recomputed) naming the f
           put_le(b, kStateSizeAt, ~std::uint64_t(0), 8);
           put_le(b, kNumParamsAt, ~std::uint64_t(0), 8);
         },
-        {"bad.ckpt", "is truncated", "18446744073709551615 parameters"});
+        {"bad.ckpt", "is truncated: it is 719 bytes, its header says more than 18446744073709551615 "
+         "(18446744073709551615 parameters and 18446744073709551615 optimizer state values)"});
   }
   SECTION("every bit of the optimizer name length flipped (the later fields shift onto other bytes)") {
     // Flipping bit 4 (3 -> 19) reads the first parameters' float bits as the parameter count, near 2^62:

@@ -513,10 +513,16 @@ std::int64_t read_file(const Trainer& t, const std::string& path, const HostView
   const std::uint64_t room = in.remaining() / value_bytes;
   if (h.num_params > room || h.state_size > room - h.num_params ||
       (h.num_params + h.state_size) * value_bytes + 8 > in.remaining()) {
-    throw InputError(what + " is truncated: it is " + std::to_string(size) + " bytes, its header says " +
-                     std::to_string(h.num_params) + " parameters and " + std::to_string(h.state_size) +
-                     " optimizer state values of " + std::to_string(value_bytes) + " bytes each after byte " +
-                     std::to_string(in.position()) + ", and an 8-byte checksum");
+    // The promised length, position + (P + S) * value_bytes + 8, where it fits in 64 bits.
+    const std::uint64_t max = std::numeric_limits<std::uint64_t>::max();
+    const std::uint64_t fixed = in.position() + 8;  // at most the file's size + 8
+    const bool fits = h.num_params <= max - h.state_size &&
+                      h.num_params + h.state_size <= (max - fixed) / value_bytes;
+    const std::string promised =
+        fits ? std::to_string(fixed + (h.num_params + h.state_size) * value_bytes)
+             : "more than " + std::to_string(max) + " (" + std::to_string(h.num_params) + " parameters and " +
+                   std::to_string(h.state_size) + " optimizer state values)";
+    throw InputError(what + " is truncated: it is " + std::to_string(size) + " bytes, its header says " + promised);
   }
   const std::uint64_t expected = in.position() + (h.num_params + h.state_size) * value_bytes + 8;
   if (size > expected) {
