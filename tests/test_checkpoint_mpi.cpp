@@ -11,7 +11,10 @@
 #include <catch2/catch.hpp>
 
 #include <mpi.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +22,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <string>
@@ -403,7 +407,7 @@ TEST_CASE("load refuses a bad file on every rank and leaves the trainer unchange
 
   SECTION("truncated in the parameters") {
     rank0_edit(good, bad, [](std::vector<unsigned char>& b) { b.resize(b.size() - 10); });
-    refused(bad, {"rank 0: ", "bad.ckpt", "truncated"});
+    refused(bad, {"rank 0: ", "bad.ckpt", "truncated: it is 709 bytes, its header says 719"});
   }
   SECTION("truncated in the header") {
     rank0_edit(good, bad, [](std::vector<unsigned char>& b) { b.resize(30); });
@@ -536,4 +540,248 @@ TEST_CASE("save refuses an unwritable path on every rank and leaves nothing behi
     CHECK(snapshot(other.trainer) == latest);
     CHECK((dpmlp_test::rank() != 0 || leftover_tmp_files(dir.path()) == 0));
   }
+}
+
+// ---- crafted headers: every field range-checked before it is cast or computed with
+
+namespace {
+
+// Offsets in a checkpoint of kWidths {8, 16, 1} with the optimizer "sgd" (the documented format).
+constexpr std::size_t kWidth1At = 24, kNameLengthAt = 36, kStateSizeAt = 43, kNumParamsAt = 51, kStepsAt = 59,
+                      kHeaderBytes = 67;
+
+void put_le(std::vector<unsigned char>& b, std::size_t at, std::uint64_t value, int bytes) {
+  for (int i = 0; i < bytes; ++i) b[at + i] = static_cast<unsigned char>(value >> (8 * i));
+}
+
+// Recomputes the trailing FNV-1a 64 checksum, so that a crafted header is not refused for its checksum.
+void reseal(std::vector<unsigned char>& b) {
+  put_le(b, b.size() - 8, dpmlp::fnv1a64(b.data(), b.size() - 8), 8);
+}
+
+}  // namespace
+
+TEST_CASE("load refuses crafted header fields (checksum recomputed) naming the field; nothing overflows",
+          "[mpi][checkpoint]") {
+  const TempDir dir;
+  REQUIRE(dpmlp_test::all(dir.ok()));
+  const std::string good = dir.file("good.ckpt"), bad = dir.file("bad.ckpt");
+  Run<dpmlp::Sgd> source(dpmlp::Sgd(0.05));
+  source.trainer.train(3);
+  dpmlp::save_checkpoint(source.trainer, good);
+  if (dpmlp_test::rank() == 0) {
+    const auto b = read_all(good);
+    REQUIRE(b.size() == kHeaderBytes + source.model.num_params() * sizeof(float) + 8);
+  }
+  Run<dpmlp::Sgd> target(dpmlp::Sgd(0.05), 99);
+  target.trainer.train(1);
+  const Snapshot before = snapshot(target.trainer);
+  // Refused on every rank with the needles, the trainer unchanged, the file not modified.
+  auto crafted = [&](const std::function<void(std::vector<unsigned char>&)>& edit,
+                     const std::vector<std::string>& needles) {
+    std::vector<unsigned char> file;
+    if (dpmlp_test::rank() == 0) {
+      file = read_all(good);
+      edit(file);
+      reseal(file);
+      write_all(bad, file);
+    }
+    check_refused_everywhere(outcome_of([&] { dpmlp::load_checkpoint(target.trainer, bad); }), needles);
+    CHECK(snapshot(target.trainer) == before);
+    CHECK((dpmlp_test::rank() != 0 || read_all(bad) == file));
+  };
+  const std::string limit = std::to_string(dpmlp::max_steps_done);
+
+  SECTION("step count INT64_MAX") {
+    crafted([](auto& b) { put_le(b, kStepsAt, std::uint64_t(INT64_MAX), 8); },
+            {"rank 0: ", "bad.ckpt' is corrupted: the step count is 9223372036854775807, not in [0, " + limit + "]"});
+  }
+  SECTION("step count one above the limit") {
+    crafted([](auto& b) { put_le(b, kStepsAt, std::uint64_t(dpmlp::max_steps_done) + 1, 8); },
+            {"bad.ckpt", "the step count is " + std::to_string(dpmlp::max_steps_done + 1)});
+  }
+  SECTION("a negative step count (the sign bit)") {
+    crafted([](auto& b) { put_le(b, kStepsAt, std::uint64_t(1) << 63, 8); },
+            {"bad.ckpt", "the step count is 9223372036854775808"});
+  }
+  SECTION("a width above INT32_MAX") {
+    crafted([](auto& b) { put_le(b, kWidth1At, 0xffffffffu, 4); },
+            {"bad.ckpt", "the width 1 is 4294967295, not in [0, 2147483647]"});
+  }
+  SECTION("an optimizer name length far beyond any name") {
+    crafted([](auto& b) { put_le(b, kNameLengthAt, 0x80000003u, 4); },
+            {"bad.ckpt", "the optimizer name length is 2147483651, not in [0, 255]"});
+  }
+  SECTION("parameter and state counts whose byte size overflows 64 bits") {
+    crafted(
+        [](auto& b) {
+          put_le(b, kStateSizeAt, ~std::uint64_t(0), 8);
+          put_le(b, kNumParamsAt, ~std::uint64_t(0), 8);
+        },
+        {"bad.ckpt", "is truncated: it is 719 bytes, its header says more than 18446744073709551615 "
+         "(18446744073709551615 parameters and 18446744073709551615 optimizer state values)"});
+  }
+  SECTION("every bit of the optimizer name length flipped (the later fields shift onto other bytes)") {
+    // Flipping bit 4 (3 -> 19) reads the first parameters' float bits as the parameter count, near 2^62:
+    // its byte size used to overflow a float-to-integer cast.
+    for (int bit = 0; bit < 32; ++bit) {
+      INFO("bit " << bit);
+      crafted([&](auto& b) { b[kNameLengthAt + bit / 8] ^= static_cast<unsigned char>(1u << (bit % 8)); },
+              {"bad.ckpt"});
+    }
+  }
+}
+
+TEST_CASE("every single-bit flip of the header with the checksum recomputed: refused, or a valid checkpoint",
+          "[mpi][checkpoint]") {
+  const TempDir dir;
+  REQUIRE(dpmlp_test::all(dir.ok()));
+  const std::string good = dir.file("good.ckpt"), bad = dir.file("bad.ckpt");
+  Run<dpmlp::Sgd> source(dpmlp::Sgd(0.05));
+  source.trainer.train(3);
+  dpmlp::save_checkpoint(source.trainer, good);
+  Run<dpmlp::Sgd> target(dpmlp::Sgd(0.05), 99);
+  int refused = 0, accepted = 0;
+  for (std::size_t bit = 8 * 8; bit < 8 * kHeaderBytes; ++bit) {  // after the magic
+    INFO("byte " << bit / 8 << " bit " << bit % 8);
+    if (dpmlp_test::rank() == 0) {
+      auto b = read_all(good);
+      b[bit / 8] ^= static_cast<unsigned char>(1u << (bit % 8));
+      reseal(b);
+      write_all(bad, b);
+    }
+    const Snapshot before = snapshot(target.trainer);
+    const Outcome o = outcome_of([&] { dpmlp::load_checkpoint(target.trainer, bad); });
+    CHECK(o.other.empty());
+    const bool refused_everywhere = dpmlp_test::all(o.input_error), accepted_everywhere = dpmlp_test::all(!o.input_error);
+    CHECK((refused_everywhere || accepted_everywhere));
+    if (o.input_error) {
+      ++refused;
+      CHECK_THAT(o.message, Catch::Contains("bad.ckpt"));
+      CHECK(snapshot(target.trainer) == before);
+    } else {
+      // Only the step count's bits can change and still fit this trainer; the count stays in range.
+      ++accepted;
+      CHECK(bit / 8 >= kStepsAt);
+      CHECK(target.trainer.steps_done() >= 0);
+      CHECK(target.trainer.steps_done() <= dpmlp::max_steps_done);
+    }
+  }
+  CHECK(refused > 0);
+  CHECK(accepted > 0);
+}
+
+TEST_CASE("at the step count limit a run is refused on every rank before any step; below it, no overflow",
+          "[mpi][checkpoint]") {
+  const TempDir dir;
+  REQUIRE(dpmlp_test::all(dir.ok()));
+  const std::string good = dir.file("good.ckpt"), near = dir.file("near_limit.ckpt");
+  Run<dpmlp::Adam> source(dpmlp::Adam(0.01));
+  source.trainer.train(3);
+  dpmlp::save_checkpoint(source.trainer, good);
+  // Adam: its update uses the step number t itself (bias correction), the deepest use of the count.
+  rank0_edit(good, near, [](std::vector<unsigned char>& b) {
+    // "adam" is one byte longer than "sgd": the step count is one byte later.
+    put_le(b, kStepsAt + 1, std::uint64_t(dpmlp::max_steps_done) - 4, 8);
+    reseal(b);
+  });
+  Run<dpmlp::Adam> run(dpmlp::Adam(0.01), 99);
+  dpmlp::load_checkpoint(run.trainer, near);
+  CHECK(run.trainer.steps_done() == dpmlp::max_steps_done - 4);
+  dpmlp::LossHistory history;
+  dpmlp::ProgressBar quiet(nullptr);
+  const auto r = run.trainer.train(4, history, quiet);
+  CHECK(r.steps == 4);
+  REQUIRE(history.size() == 4);
+  CHECK(history.steps().back() == dpmlp::max_steps_done);
+  CHECK(run.trainer.steps_done() == dpmlp::max_steps_done);
+  const Snapshot at_limit = snapshot(run.trainer);
+  // One more step would pass the limit: refused on every rank, nothing changed.
+  check_refused_everywhere(outcome_of([&] { run.trainer.train(1); }), {"would pass the step count limit"});
+  check_refused_everywhere(outcome_of([&] { run.trainer.train(3, history); }), {"would pass the step count limit"});
+  CHECK(snapshot(run.trainer) == at_limit);
+  // set_steps_done refuses what a checkpoint would (local, so every rank throws by itself here).
+  for (const std::int64_t steps : {std::int64_t(-1), dpmlp::max_steps_done + 1, std::int64_t(INT64_MAX)}) {
+    const Outcome o = outcome_of([&] { run.trainer.set_steps_done(steps); });
+    CHECK(o.input_error);
+    CHECK_THAT(o.message, Catch::Contains("step count must be in [0, "));
+  }
+  CHECK(run.trainer.steps_done() == dpmlp::max_steps_done);
+  // ProgressBar's total (steps before + steps) saturates for callers other than a trainer.
+  dpmlp::ProgressBar bar(nullptr);
+  bar.begin_training(dpmlp::TrainInfo{10, INT64_MAX, 0, 1});
+}
+
+// ---- replacing a checkpoint: permission bits kept, killed writers' temporary files removed
+
+TEST_CASE("a save keeps the replaced checkpoint's permission bits", "[mpi][checkpoint]") {
+  const TempDir dir;
+  REQUIRE(dpmlp_test::all(dir.ok()));
+  const std::string path = dir.file("private.ckpt");
+  Run<dpmlp::Sgd> run(dpmlp::Sgd(0.05));
+  run.trainer.train(1);
+  dpmlp::save_checkpoint(run.trainer, path);
+  auto mode_of = [](const std::string& p) {
+    struct stat st;
+    return ::stat(p.c_str(), &st) == 0 ? static_cast<int>(st.st_mode & 07777) : -1;
+  };
+  for (const int mode : {0600, 0640, 0400}) {
+    INFO("mode " << std::oct << mode);
+    if (dpmlp_test::rank() == 0) REQUIRE(::chmod(path.c_str(), static_cast<mode_t>(mode)) == 0);
+    run.trainer.train(1);
+    dpmlp::save_checkpoint(run.trainer, path);
+    CHECK((dpmlp_test::rank() != 0 || mode_of(path) == mode));
+    Run<dpmlp::Sgd> other(dpmlp::Sgd(0.05), 99);
+    dpmlp::load_checkpoint(other.trainer, path);  // and it is the new checkpoint
+    CHECK(snapshot(other.trainer) == snapshot(run.trainer));
+  }
+  CHECK((dpmlp_test::rank() != 0 || leftover_tmp_files(dir.path()) == 0));
+}
+
+namespace {
+// The id of a process that has exited and been reaped (a killed writer's, for the test's purpose).
+long long dead_pid() {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  return static_cast<long long>(child);
+}
+}  // namespace
+
+TEST_CASE("a save removes killed writers' temporary files of its checkpoint, and nothing else",
+          "[mpi][checkpoint]") {
+  const TempDir dir;
+  REQUIRE(dpmlp_test::all(dir.ok()));
+  const std::string path = dir.file("run.ckpt");
+  Run<dpmlp::Sgd> run(dpmlp::Sgd(0.05));
+  run.trainer.train(1);
+  std::vector<std::string> stale, kept;
+  if (dpmlp_test::rank() == 0) {
+    const long long dead = dead_pid(), dead2 = dead_pid();
+    const long long alive = static_cast<long long>(::getppid());  // the launcher: running
+    REQUIRE(::kill(static_cast<pid_t>(alive), 0) == 0);
+    const std::string junk(4096, 'x');
+    stale = {path + ".tmp." + std::to_string(dead), path + ".tmp." + std::to_string(dead2)};
+    kept = {path + ".tmp." + std::to_string(alive),           // a writer that is still running
+            dir.file("other.ckpt.tmp." + std::to_string(dead)),  // another checkpoint's
+            path + ".tmp." + std::to_string(dead) + ".keep",     // not a bare pid
+            path + ".tmp.0" + std::to_string(dead),              // not canonical
+            path + ".tmp.x" + std::to_string(dead),
+            dir.file("run.ckpt.tmp.")};
+    for (const auto& f : stale) write_all(f, std::vector<unsigned char>(junk.begin(), junk.end()));
+    for (const auto& f : kept) write_all(f, std::vector<unsigned char>(junk.begin(), junk.end()));
+    fs::create_directory(path + ".tmp." + std::to_string(dead_pid()));  // a directory is never removed
+  }
+  dpmlp::save_checkpoint(run.trainer, path);
+  if (dpmlp_test::rank() == 0) {
+    for (const auto& f : stale) CHECK_FALSE(fs::exists(f));
+    for (const auto& f : kept) CHECK(fs::exists(f));
+    int dirs = 0;
+    for (const auto& e : fs::directory_iterator(dir.path())) dirs += e.is_directory() ? 1 : 0;
+    CHECK(dirs == 1);
+  }
+  Run<dpmlp::Sgd> other(dpmlp::Sgd(0.05), 99);
+  dpmlp::load_checkpoint(other.trainer, path);
+  CHECK(snapshot(other.trainer) == snapshot(run.trainer));
 }

@@ -12,6 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +21,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <dpmlp/dpmlp.hpp>
@@ -370,6 +373,84 @@ TEST_CASE("npy: a model import refuses files that do not fit, and leaves the mod
     const std::string m = refusal([&] { dpmlp::save_npy_model(saved, dir / "plain_file/sub"); });
     INFO(m);
     CHECK(m.find("plain_file") != std::string::npos);
+  }
+}
+
+// load_npy(path, out, shape) reads the header and the data from one open of the file, and writes at most
+// (product of shape) values into `out`. The buffers here are heap vectors of exactly that size, so the
+// AddressSanitizer build (scripts/test.sh) stops on any write past them.
+TEST_CASE("npy: a file longer than its shape, or replaced while it is read, never overruns the buffer", "[npy]") {
+  TempDir dir;
+  const std::string path = dir / "a.npy";
+  const std::vector<float> small = {1, 2, 3, 4, 5, 6};
+  std::vector<float> big(200 * 200);
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i) + 0.5f;
+
+  SECTION("data longer than the header's shape: refused, the buffer unchanged") {
+    const std::string raw(reinterpret_cast<const char*>(big.data()), big.size() * sizeof(float));
+    write_bytes(path, make_npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", raw));
+    std::vector<float> out(6, -1.0f);
+    const std::string m = refusal([&] { dpmlp::load_npy(path, out.data(), {2, 3}); });
+    INFO(m);
+    CHECK(m.find(path + ": 159976 bytes after the data of shape (2, 3)") != std::string::npos);
+    CHECK(out == std::vector<float>(6, -1.0f));
+  }
+  SECTION("a file of another shape: refused, the buffer unchanged") {
+    dpmlp::save_npy(path, big, {200, 200});
+    std::vector<float> out(6, -1.0f);
+    const std::string m = refusal([&] { dpmlp::load_npy(path, out.data(), {2, 3}); });
+    CHECK(m.find(path + ": shape (200, 200), expected (2, 3)") != std::string::npos);
+    CHECK(out == std::vector<float>(6, -1.0f));
+  }
+  SECTION("save_npy replaces the file with one of another shape over and over while it is loaded") {
+    // The reproducer: a (2, 3) file and a (200, 200) one renamed over the same path by save_npy, as fast
+    // as it goes, while this thread loads the path into a 6-value buffer. A reader that checks the shape in
+    // one open and reads the data in another copies the big file's 160,000 bytes into the 24-byte buffer.
+    dpmlp::save_npy(path, small, {2, 3});
+    std::atomic<bool> stop{false};
+    std::atomic<long> replaced{0};
+    std::thread writer([&] {
+      while (!stop.load()) {
+        dpmlp::save_npy(path, big, {200, 200});
+        dpmlp::save_npy(path, small, {2, 3});
+        replaced.fetch_add(2);
+      }
+    });
+    int loaded = 0, refused_shape = 0, other = 0;
+    std::string unexpected;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (std::chrono::steady_clock::now() < until || loaded == 0 || refused_shape == 0) {
+      std::vector<float> out(6, -1.0f);
+      try {
+        dpmlp::load_npy(path, out.data(), {2, 3});
+        if (out == small) {
+          ++loaded;
+        } else {
+          ++other;
+          unexpected = "loaded values that are not the (2, 3) file's";
+        }
+      } catch (const dpmlp::InputError& e) {
+        const std::string m = e.what();
+        if (m.find("shape (200, 200), expected (2, 3)") != std::string::npos) {
+          ++refused_shape;
+          if (out != std::vector<float>(6, -1.0f)) {
+            ++other;
+            unexpected = "a refused load changed the buffer";
+          }
+        } else {
+          ++other;
+          unexpected = m;
+        }
+      }
+      if (std::chrono::steady_clock::now() > until + std::chrono::seconds(20)) break;
+    }
+    stop = true;
+    writer.join();
+    INFO("loaded " << loaded << ", refused " << refused_shape << ", replaced " << replaced.load() << "; "
+                   << unexpected);
+    CHECK(other == 0);
+    CHECK(loaded > 0);
+    CHECK(refused_shape > 0);
   }
 }
 

@@ -41,6 +41,16 @@
 
 namespace dpmlp {
 
+namespace detail {
+// a + b, clamped to the int64 range instead of overflowing. A trainer keeps its step numbers far from the
+// limits (max_steps_done, trainer_options.hpp); a hook may also be called by other code, with any values.
+inline std::int64_t saturating_add(std::int64_t a, std::int64_t b) {
+  if (b > 0 && a > std::numeric_limits<std::int64_t>::max() - b) return std::numeric_limits<std::int64_t>::max();
+  if (b < 0 && a < std::numeric_limits<std::int64_t>::min() - b) return std::numeric_limits<std::int64_t>::min();
+  return a + b;
+}
+}  // namespace detail
+
 // Progress of a training run, printed by rank 0 only (other ranks print nothing).
 //
 // Live line (Mode::terminal): one line rewritten in place ("\r" ... "\033[K"), at most every
@@ -90,7 +100,7 @@ class ProgressBar {
 
   void begin_training(const TrainInfo& info) {
     active_ = info.rank == 0 && out_ != nullptr;
-    total_ = info.steps_before + info.steps;
+    total_ = detail::saturating_add(info.steps_before, info.steps);
     steps_ = info.steps;
     every_now_ = every_ > 0 ? every_ : (info.steps / 10 > 0 ? info.steps / 10 : 1);
     sum_ms_ = 0;

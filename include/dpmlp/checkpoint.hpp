@@ -36,25 +36,36 @@
 //
 // Writing is atomic: rank 0 writes `path.tmp.<pid>`, flushes and fsyncs it, renames it over `path` and fsyncs
 // the directory, so `path` is always either the previous checkpoint or the new one, never a partial file.
+// A checkpoint that replaces another keeps the old file's permission bits (a 0600 checkpoint stays 0600; the
+// temporary file gets them before any byte is written). A writer killed before its rename leaves its
+// `path.tmp.<pid>`; the next save to `path` removes every regular file named `path.tmp.<pid>` whose <pid> is
+// no running process on this host, and nothing else. (Processes on other hosts are not visible: two jobs on
+// different hosts writing one checkpoint path on a shared file system are not supported.)
 //
 // Reading checks, in this order: the magic, the version and the scalar type (they decide how the rest is
-// read), the length against the header's sizes (truncated or too long), the checksum, and only then whether
-// the checkpoint fits the trainer (widths, activation, optimizer, state size). So a damaged header reads as
-// "corrupted", not as a misleading "wrong widths". Nothing in the trainer changes unless the whole file
-// validates.
+// read), each header field's range as it is read (a width in [0, INT32_MAX], the name length at most
+// max_name_length, the step count in [0, max_steps_done]: trainer_options.hpp; no value is cast or computed
+// with before its check), the length against the header's sizes (truncated or too long), the checksum, and
+// only then whether the checkpoint fits the trainer (widths, activation, optimizer, state size). So a damaged
+// header reads as "corrupted", not as a misleading "wrong widths". Nothing in the trainer changes unless the
+// whole file validates, and the file is only read.
 #pragma once
 
 #include <mpi.h>
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -63,6 +74,7 @@
 #include "dpmlp/errors.hpp"
 #include "dpmlp/kokkos_compat.hpp"
 #include "dpmlp/mlp.hpp"
+#include "dpmlp/trainer_options.hpp"
 
 namespace dpmlp {
 
@@ -70,6 +82,8 @@ namespace checkpoint_format {
 inline constexpr char magic[8] = {'D', 'P', 'M', 'L', 'P', 'C', 'K', '1'};
 inline constexpr std::uint32_t version = 1;
 inline constexpr std::uint32_t float32 = 4, float64 = 8;
+// The longest optimizer name a reader accepts (the library's are "sgd" and "adam").
+inline constexpr std::uint64_t max_name_length = 255;
 }  // namespace checkpoint_format
 
 namespace detail {
@@ -297,6 +311,50 @@ inline std::string directory_of(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
+// The file name part of `path` (after the last '/').
+inline std::string base_name(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// The temporary file name of a writer with process id `pid`.
+inline std::string temporary_name(const std::string& path, long long pid) {
+  return path + ".tmp." + std::to_string(pid);
+}
+
+// Removes what killed writers of `path` left: regular files named exactly `<base>.tmp.<pid>` in path's
+// directory, <pid> a decimal process id other than this process's, for which no process exists (kill(pid, 0)
+// fails with ESRCH; a process of another user answers EPERM and its file is kept). Nothing else is touched:
+// not other checkpoints' files, not names with anything after the pid, not links or directories. Best effort:
+// a file that cannot be removed stays, and the save goes on.
+inline void remove_stale_temporaries(const std::string& path) {
+  const std::string base = base_name(path);
+  if (base.empty()) return;
+  const std::string prefix = base + ".tmp.";
+  const std::string dir = directory_of(path);
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return;
+  const long long me = static_cast<long long>(::getpid());
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    // A canonical decimal pid_t: digits only, no leading zero, at most 10 digits and in the int range.
+    if (digits.size() > 10 || digits[0] == '0' ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+      continue;
+    }
+    const long long pid = std::stoll(digits);
+    if (pid > INT_MAX || pid == me) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    const std::string file = dir == "/" ? "/" + name : dir + "/" + name;
+    struct stat st;
+    if (::lstat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    ::unlink(file.c_str());
+  }
+  ::closedir(d);
+}
+
 // Rank 0's part of save_checkpoint. Throws InputError with the reason.
 template <class Trainer>
 void write_file(const Trainer& t, const std::string& path) {
@@ -308,9 +366,20 @@ void write_file(const Trainer& t, const std::string& path) {
   const auto params = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), t.model().params());
   const auto state = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), t.optimizer_state());
 
-  TempFile tmp(path + ".tmp." + std::to_string(static_cast<long long>(::getpid())));
+  remove_stale_temporaries(path);
+  TempFile tmp(temporary_name(path, static_cast<long long>(::getpid())));
   if (!tmp.get()) {
     throw InputError(who + "cannot create '" + tmp.name() + "': " + errno_text(tmp.open_errno()));
+  }
+  // A checkpoint that replaces another keeps its permission bits (the new file would otherwise get the
+  // umask's, 0644 for 0600), set before any byte is written so the data is never more readable than before.
+  struct stat old;
+  if (::stat(path.c_str(), &old) == 0 && S_ISREG(old.st_mode)) {
+    if (::fchmod(::fileno(tmp.get()), old.st_mode & 07777) != 0) {
+      const int code = errno;
+      throw InputError(who + "cannot give '" + tmp.name() + "' the permissions of '" + path + "': " +
+                       errno_text(code));
+    }
   }
   HashedWriter out(tmp.get(), tmp.name());
   const std::vector<unsigned char> head = encode(h);
@@ -407,11 +476,23 @@ std::int64_t read_file(const Trainer& t, const std::string& path, const HostView
     throw InputError(what + " is truncated: it is " + std::to_string(size) +
                      " bytes and ends inside the widths");
   }
+  // Every field is range-checked as it is read, before it is cast or computed with: a flipped bit anywhere
+  // in the header must end in an InputError naming the field, never in an overflow.
+  auto out_of_range = [&](const std::string& field, std::uint64_t value, std::uint64_t limit) {
+    return InputError(what + " is corrupted: the " + field + " is " + std::to_string(value) + ", not in [0, " +
+                      std::to_string(limit) + "]");
+  };
   for (std::uint64_t i = 0; i < n_widths; ++i) {
-    h.widths.push_back(static_cast<std::int32_t>(in.le(4, "widths")));
+    const std::uint64_t width = in.le(4, "widths");
+    const auto max_width = static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max());
+    if (width > max_width) throw out_of_range("width " + std::to_string(i), width, max_width);
+    h.widths.push_back(static_cast<std::int32_t>(width));
   }
   h.activation = static_cast<std::uint32_t>(in.le(4, "activation"));
   const std::uint64_t name_length = in.le(4, "optimizer name");
+  if (name_length > checkpoint_format::max_name_length) {
+    throw out_of_range("optimizer name length", name_length, checkpoint_format::max_name_length);
+  }
   if (name_length > in.remaining()) {
     throw InputError(what + " is truncated: it is " + std::to_string(size) +
                      " bytes and ends inside the optimizer name");
@@ -420,17 +501,28 @@ std::int64_t read_file(const Trainer& t, const std::string& path, const HostView
   in.read(&h.optimizer[0], name_length, "optimizer name");
   h.state_size = in.le(8, "optimizer state length");
   h.num_params = in.le(8, "number of parameters");
-  h.steps = static_cast<std::int64_t>(in.le(8, "step count"));
+  const std::uint64_t steps = in.le(8, "step count");
+  // The bound keeps every later step number (steps + the steps of a run) far from overflowing int64.
+  const auto max_steps = static_cast<std::uint64_t>(max_steps_done);
+  if (steps > max_steps) throw out_of_range("step count", steps, max_steps);
+  h.steps = static_cast<std::int64_t>(steps);
 
-  // The length the header promises (computed so that a garbage count cannot overflow).
+  // The length the header promises, checked without overflow: num_params and state_size are any u64, so
+  // they are compared with what the rest of the file can hold before they are added or multiplied.
   const std::uint64_t value_bytes = sizeof(Scalar);
   const std::uint64_t room = in.remaining() / value_bytes;
   if (h.num_params > room || h.state_size > room - h.num_params ||
       (h.num_params + h.state_size) * value_bytes + 8 > in.remaining()) {
-    const long double promised = static_cast<long double>(in.position()) +
-                                 (static_cast<long double>(h.num_params) + h.state_size) * value_bytes + 8;
-    throw InputError(what + " is truncated: it is " + std::to_string(size) + " bytes, its header says " +
-                     std::to_string(static_cast<unsigned long long>(promised)));
+    // The promised length, position + (P + S) * value_bytes + 8, where it fits in 64 bits.
+    const std::uint64_t max = std::numeric_limits<std::uint64_t>::max();
+    const std::uint64_t fixed = in.position() + 8;  // at most the file's size + 8
+    const bool fits = h.num_params <= max - h.state_size &&
+                      h.num_params + h.state_size <= (max - fixed) / value_bytes;
+    const std::string promised =
+        fits ? std::to_string(fixed + (h.num_params + h.state_size) * value_bytes)
+             : "more than " + std::to_string(max) + " (" + std::to_string(h.num_params) + " parameters and " +
+                   std::to_string(h.state_size) + " optimizer state values)";
+    throw InputError(what + " is truncated: it is " + std::to_string(size) + " bytes, its header says " + promised);
   }
   const std::uint64_t expected = in.position() + (h.num_params + h.state_size) * value_bytes + 8;
   if (size > expected) {
@@ -470,7 +562,6 @@ std::int64_t read_file(const Trainer& t, const std::string& path, const HostView
     throw InputError(what + " is corrupted: " + std::to_string(h.num_params) + " parameters for widths " +
                      join_widths(h.widths));
   }
-  if (h.steps < 0) throw InputError(what + " is corrupted: negative step count " + std::to_string(h.steps));
   if (!host_is_little_endian()) {
     swap_each(reinterpret_cast<unsigned char*>(params.data()), h.num_params, sizeof(Scalar));
     swap_each(reinterpret_cast<unsigned char*>(state.data()), h.state_size, sizeof(Scalar));

@@ -243,8 +243,9 @@ class DataParallelTrainer {
       problem = "epochs must be positive, got " + std::to_string(epochs);
     } else if (batch_rows <= 0 || batch_rows > global_rows_) {
       problem = "batch_rows must be in [1, " + std::to_string(global_rows_) + "], got " + std::to_string(batch_rows);
-    } else if (per_epoch * epochs > std::numeric_limits<int>::max()) {
-      problem = "too many steps in one call (" + std::to_string(per_epoch * epochs) + ")";
+    } else if (per_epoch > std::numeric_limits<int>::max() / epochs) {  // per_epoch * epochs, without overflow
+      problem = "too many steps in one call (" + std::to_string(per_epoch) + " steps an epoch, " + std::to_string(epochs) +
+                " epochs)";
     } else if (!has_data_) {
       problem = "set_data() first";
     }
@@ -322,14 +323,28 @@ class DataParallelTrainer {
   }
 
   // Steps taken so far (over all train() calls). A checkpoint restores it (the optimizer's step count).
+  // set_steps_done is local (not collective); a count outside [0, max_steps_done] (trainer_options.hpp) is
+  // refused with InputError, so the step arithmetic of every later run cannot overflow.
   std::int64_t steps_done() const { return steps_done_; }
-  void set_steps_done(std::int64_t steps) { steps_done_ = steps; }
+  void set_steps_done(std::int64_t steps) {
+    if (steps < 0 || steps > max_steps_done) {
+      throw InputError("dpmlp::DataParallelTrainer::set_steps_done: the step count must be in [0, " +
+                       std::to_string(max_steps_done) + "], got " + std::to_string(steps));
+    }
+    steps_done_ = steps;
+  }
 
  // The rest is public only because CUDA's extended lambdas may not live in private member functions.
   void begin_run(int steps) {
     std::string problem;
     if (steps <= 0) problem = "dpmlp::DataParallelTrainer::train: steps must be positive, got " + std::to_string(steps);
     if (problem.empty() && !has_data_) problem = "dpmlp::DataParallelTrainer::train: set_data() first";
+    // steps_done_ <= max_steps_done always holds, so the subtraction cannot overflow; after this check every
+    // step number of the run (steps_done_ + k, k <= steps) is at most max_steps_done.
+    if (problem.empty() && steps_done_ > max_steps_done - steps) {
+      problem = "dpmlp::DataParallelTrainer::train: " + std::to_string(steps) + " more steps after " +
+                std::to_string(steps_done_) + " would pass the step count limit " + std::to_string(max_steps_done);
+    }
     // Every rank must take the same number of steps, or the collectives would not pair up.
     long long range[2] = {steps, -static_cast<long long>(steps)};
     detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_LONG_LONG, MPI_MIN, comm_.mpi_comm()),

@@ -319,18 +319,26 @@ inline bool file_exists(const std::string& path) {
 }  // namespace npy
 }  // namespace detail
 
-// Reads and checks the header of an npy file (magic, version, dictionary, and that the file is as long as
-// the header says).
-inline NpyHeader read_npy_header(const std::string& path) {
-  using namespace detail::npy;
+namespace detail {
+namespace npy {
+
+inline File open_for_reading(const std::string& path) {
   File f(std::fopen(path.c_str(), "rb"));
   if (!f) {
     const int code = errno;
     throw InputError(path + ": cannot open: " + errno_text(code));
   }
-  const std::uint64_t size = file_size(f.get());
+  return f;
+}
+
+// Reads and checks the header from an open file (magic, version, dictionary, and that the file is at least
+// as long as its header); `size` is the file's length, from the same handle. Everything a reader checks
+// and reads afterwards must come from this same handle: a second open of `path` may find another file (a
+// writer renames its new file over the path at any moment, save_npy included).
+inline NpyHeader read_header(std::FILE* f, const std::string& path, std::uint64_t& size) {
+  size = file_size(f);
   unsigned char pre[12] = {};
-  const std::size_t got = std::fread(pre, 1, sizeof(pre), f.get());
+  const std::size_t got = std::fread(pre, 1, sizeof(pre), f);
   if (got < 10 || std::memcmp(pre, magic, sizeof(magic)) != 0) {
     if (got >= 6 && std::memcmp(pre, magic, sizeof(magic)) == 0) {
       throw InputError(path + ": truncated: " + std::to_string(size) + " bytes, shorter than the npy preamble");
@@ -358,8 +366,8 @@ inline NpyHeader read_npy_header(const std::string& path) {
                      std::to_string(size) + " bytes in all");
   }
   std::string text(header_len, '\0');
-  if (std::fseek(f.get(), static_cast<long>(preamble), SEEK_SET) != 0 ||
-      std::fread(&text[0], 1, header_len, f.get()) != header_len) {
+  if (std::fseek(f, static_cast<long>(preamble), SEEK_SET) != 0 ||
+      std::fread(&text[0], 1, header_len, f) != header_len) {
     throw InputError(path + ": cannot read the npy header");
   }
   HeaderParser(text, path).parse(h);
@@ -373,6 +381,72 @@ inline NpyHeader read_npy_header(const std::string& path) {
     count *= d;
   }
   return h;
+}
+
+// The checks of a header against the type read into: the dtype and C order.
+template <class T>
+void check_layout(const NpyHeader& h, const std::string& path) {
+  if (h.dtype != npy_dtype<T>()) {
+    throw InputError(path + ": dtype '" + h.dtype + "', expected '" + npy_dtype<T>() + "'");
+  }
+  if (h.fortran_order) {
+    throw InputError(path + ": Fortran order (fortran_order True); expected C order (save it from numpy with "
+                            "np.save(path, np.ascontiguousarray(a)))");
+  }
+}
+
+// The data's length against the header's shape: exactly h.count() values of T after the header.
+template <class T>
+void check_length(const NpyHeader& h, const std::string& path, std::uint64_t size) {
+  const std::size_t count = h.count();
+  const std::uint64_t have = size - h.data_offset;  // read_header checked data_offset <= size
+  const std::uint64_t want = static_cast<std::uint64_t>(count) * sizeof(T);
+  if (count != 0 && want / count != sizeof(T)) {
+    throw InputError(path + ": bad npy header: shape " + npy_shape_string(h.shape) + " overflows");
+  }
+  if (have < want) {
+    throw InputError(path + ": truncated: shape " + npy_shape_string(h.shape) + " of '" + h.dtype + "' needs " +
+                     std::to_string(want) + " data bytes, the file has " + std::to_string(have));
+  }
+  if (have > want) {
+    throw InputError(path + ": " + std::to_string(have - want) + " bytes after the data of shape " +
+                     npy_shape_string(h.shape) + " (the file is longer than its header says)");
+  }
+}
+
+// Reads the data that `h` describes from `f` (the handle `h` was read from; check_length passed) into `out`,
+// which holds `capacity` values. At most `capacity` values are ever written, whatever the file holds.
+template <class T>
+void read_data(std::FILE* f, const std::string& path, const NpyHeader& h, T* out, std::size_t capacity) {
+  const std::size_t count = h.count();
+  if (count > capacity) {
+    throw InputError(path + ": shape " + npy_shape_string(h.shape) + " holds " + std::to_string(count) +
+                     " values, more than the " + std::to_string(capacity) + " the buffer holds");
+  }
+  if (count > 0) {
+    if (std::fseek(f, static_cast<long>(h.data_offset), SEEK_SET) != 0 || std::fread(out, sizeof(T), count, f) != count) {
+      throw InputError(path + ": cannot read the data");
+    }
+    to_little_endian(out, count);
+  }
+  // The file may have grown since its length was taken (a writer appending to this very file): what lies
+  // beyond the data is refused, and never read into the buffer.
+  if (std::fgetc(f) != EOF) {
+    throw InputError(path + ": bytes after the data of shape " + npy_shape_string(h.shape) +
+                     " (the file is longer than its header says)");
+  }
+}
+
+}  // namespace npy
+}  // namespace detail
+
+// Reads and checks the header of an npy file (magic, version, dictionary, and that the file is as long as
+// the header says).
+inline NpyHeader read_npy_header(const std::string& path) {
+  using namespace detail::npy;
+  const File f = open_for_reading(path);
+  std::uint64_t size = 0;
+  return read_header(f.get(), path, size);
 }
 
 // Writes `data` (count = product of shape, C order) as an npy file (format 1.0, little-endian). A shape of {}
@@ -440,60 +514,48 @@ void save_npy(const std::string& path, const std::vector<T>& data, const std::ve
   save_npy(path, data.data(), shape);
 }
 
-// Reads an npy file of dtype npy_dtype<T>() in C order, any shape.
+// Reads an npy file of dtype npy_dtype<T>() in C order, any shape. One open: the header and the data come
+// from the same file, even if another is renamed over `path` meanwhile.
 template <class T>
 NpyArray<T> load_npy(const std::string& path) {
   using namespace detail::npy;
-  const NpyHeader h = read_npy_header(path);
-  if (h.dtype != npy_dtype<T>()) {
-    throw InputError(path + ": dtype '" + h.dtype + "', expected '" + npy_dtype<T>() + "'");
-  }
-  if (h.fortran_order) {
-    throw InputError(path + ": Fortran order (fortran_order True); expected C order (save it from numpy with "
-                            "np.save(path, np.ascontiguousarray(a)))");
-  }
-  const std::size_t count = h.count();
-  File f(std::fopen(path.c_str(), "rb"));
-  if (!f) {
-    const int code = errno;
-    throw InputError(path + ": cannot open: " + errno_text(code));
-  }
-  const std::uint64_t size = file_size(f.get());
-  const std::uint64_t have = size - h.data_offset;
-  const std::uint64_t want = static_cast<std::uint64_t>(count) * sizeof(T);
-  if (count != 0 && want / count != sizeof(T)) {
-    throw InputError(path + ": bad npy header: shape " + npy_shape_string(h.shape) + " overflows");
-  }
-  if (have < want) {
-    throw InputError(path + ": truncated: shape " + npy_shape_string(h.shape) + " of '" + h.dtype + "' needs " +
-                     std::to_string(want) + " data bytes, the file has " + std::to_string(have));
-  }
-  if (have > want) {
-    throw InputError(path + ": " + std::to_string(have - want) + " bytes after the data of shape " +
-                     npy_shape_string(h.shape) + " (the file is longer than its header says)");
-  }
+  const File f = open_for_reading(path);
+  std::uint64_t size = 0;
+  const NpyHeader h = read_header(f.get(), path, size);
+  check_layout<T>(h, path);
+  check_length<T>(h, path, size);  // before the allocation: a shape the file cannot fill sizes no buffer
   NpyArray<T> a;
   a.shape = h.shape;
-  a.data.resize(count);
-  if (count > 0) {
-    if (std::fseek(f.get(), static_cast<long>(h.data_offset), SEEK_SET) != 0 ||
-        std::fread(a.data.data(), sizeof(T), count, f.get()) != count) {
-      throw InputError(path + ": cannot read the data");
-    }
-    to_little_endian(a.data.data(), count);
-  }
+  a.data.resize(h.count());
+  read_data(f.get(), path, h, a.data.data(), a.data.size());
   return a;
 }
 
-// Reads an npy file of dtype npy_dtype<T>() and exactly `shape` into `out` (product of shape values).
+// Reads an npy file of dtype npy_dtype<T>() and exactly `shape` into `out`, a buffer of (product of shape)
+// values. One open, as load_npy(path): the shape that is checked is the shape of the data that is read, and
+// `out` is written only once the whole file has been read and checked, never beyond its size.
 template <class T>
 void load_npy(const std::string& path, T* out, const std::vector<std::size_t>& shape) {
-  const NpyHeader h = read_npy_header(path);
+  using namespace detail::npy;
+  std::size_t capacity = 1;
+  for (std::size_t d : shape) {
+    if (d != 0 && capacity > std::numeric_limits<std::size_t>::max() / d) {
+      throw InputError(path + ": the expected shape " + npy_shape_string(shape) + " overflows");
+    }
+    capacity *= d;
+  }
+  const File f = open_for_reading(path);
+  std::uint64_t size = 0;
+  const NpyHeader h = read_header(f.get(), path, size);
   if (h.shape != shape) {
     throw InputError(path + ": shape " + npy_shape_string(h.shape) + ", expected " + npy_shape_string(shape));
   }
-  const NpyArray<T> a = load_npy<T>(path);
-  if (!a.data.empty()) std::memcpy(out, a.data.data(), a.data.size() * sizeof(T));
+  check_layout<T>(h, path);
+  check_length<T>(h, path, size);
+  // Staged, so a failure part way leaves `out` as it was; sized by the caller's shape, not by the file.
+  std::vector<T> staged(capacity);
+  read_data(f.get(), path, h, staged.data(), staged.size());
+  if (capacity > 0) std::memcpy(out, staged.data(), capacity * sizeof(T));
 }
 
 // ---- models

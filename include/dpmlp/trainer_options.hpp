@@ -33,6 +33,12 @@ struct TrainerOptions : EngineOptions {
   double peer_timeout_s = 60;
 };
 
+// The most steps a trainer counts (steps_done(), and so a checkpoint's step count): 2^62. A step count in
+// [0, max_steps_done] plus the steps of one train() call (fewer than 2^31) stays far below INT64_MAX, so no
+// step number computed from them (StepInfo::step, TrainInfo::steps_before + steps, the optimizer's t) can
+// overflow. A trainer refuses a run that would take it past this count, and a checkpoint beyond it is refused.
+inline constexpr std::int64_t max_steps_done = std::int64_t(1) << 62;
+
 struct TrainResult {
   double first_loss = 0, last_loss = 0;
   int steps = 0;
