@@ -2,6 +2,8 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Installs what is missing, builds dpmlp's tests, examples and benchmarks, and runs every test with ctest.
 # Then (unless DPMLP_SANITIZE=OFF) builds the tests again with -fsanitize=address,undefined and runs them.
+# Then, when clang++ is there (unless DPMLP_FUZZ=OFF), builds the libFuzzer harnesses alone in their own
+# folder and runs each over its seed corpus for DPMLP_FUZZ_SECONDS (default 20) seconds.
 # Idempotent: a second run reuses the build folders. Any failure stops it with a non-zero exit.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 cd "$DPMLP_ROOT"
@@ -29,5 +31,20 @@ if [ "${DPMLP_SANITIZE:-ON}" != "OFF" ]; then
     ASAN_OPTIONS="halt_on_error=1:detect_leaks=0:abort_on_error=1" \
     UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1" \
     ctest --output-on-failure --no-tests=error -j "$JOBS" -LE consumer)
+fi
+
+if [ "${DPMLP_FUZZ:-ON}" != "OFF" ]; then
+  if command -v clang++ >/dev/null; then
+    fuzz_dir="${BUILD_DIR}-fuzz"
+    # The harnesses only: tests, examples and benchmarks are the passes above. The corpus is copied into the
+    # build folder by the fuzz tests, so what the fuzzer adds never touches the source tree.
+    CXX=clang++ dpmlp_configure_and_build "$fuzz_dir" -DCMAKE_CXX_COMPILER=clang++ -DDPMLP_BUILD_FUZZERS=ON \
+      -DDPMLP_BUILD_TESTS=OFF -DDPMLP_BUILD_EXAMPLES=OFF -DDPMLP_BUILD_BENCHMARKS=OFF -DDPMLP_INSTALL=OFF \
+      "-DDPMLP_FUZZ_SECONDS=${DPMLP_FUZZ_SECONDS:-20}"
+    log "test: fuzz tests in $fuzz_dir (libFuzzer, ${DPMLP_FUZZ_SECONDS:-20} s per harness)"
+    (cd "$fuzz_dir" && ctest --output-on-failure --no-tests=error -L fuzz)
+  else
+    log "fuzz: skipped (no clang++; install Debian's clang to run the libFuzzer harnesses)"
+  fi
 fi
 log "all tests passed in $(( $(date +%s) - started )) s"
