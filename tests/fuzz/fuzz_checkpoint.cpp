@@ -4,7 +4,8 @@
 // whole file; load_checkpoint only adds the broadcast). read_file asks its trainer only for the model's
 // shape, the optimizer and the host buffers, so a stand-in trainer (below) takes the place of a
 // DataParallelTrainer and neither MPI nor a communicator is needed. Two stand-ins, float and double, read
-// every input. A damaged file must end in dpmlp::InputError; a crash, a sanitizer report, any other
+// every input, twice: as it is, and with its last 8 bytes replaced by the FNV-1a checksum of the rest, so
+// that mutated inputs also pass the checksum and reach the checks after it (the header's fit to the trainer). A damaged file must end in dpmlp::InputError; a crash, a sanitizer report, any other
 // exception or a leak is a finding.
 //
 // With DPMLP_FUZZ_WRITE_SEED=<path> in the environment the harness instead writes a valid checkpoint of the
@@ -17,6 +18,7 @@
 #include <cstdlib>
 #include <vector>
 #include "dpmlp/checkpoint.hpp"
+#include "dpmlp/digest.hpp"
 #include "dpmlp/errors.hpp"
 #include "dpmlp/optim.hpp"
 #include "fuzz_common.hpp"
@@ -89,6 +91,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string& path = dpmlp_fuzz::write_scratch(data, size);
   read_as<double>(path);
   read_as<float>(path);
+  if (size >= 8) {
+    std::vector<std::uint8_t> summed(data, data + size);
+    std::uint64_t sum = dpmlp::fnv1a64(summed.data(), size - 8);
+    for (int i = 0; i < 8; ++i, sum >>= 8) summed[size - 8 + i] = static_cast<std::uint8_t>(sum & 0xff);
+    dpmlp_fuzz::write_scratch(summed.data(), size);
+    read_as<double>(path);
+    read_as<float>(path);
+  }
   dpmlp_fuzz::remove_scratch();
   return 0;
 }
