@@ -4,6 +4,9 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
+
+#include <dpmlp/errors.hpp>
 
 namespace dpmlp_test {
 
@@ -12,6 +15,17 @@ namespace dpmlp_test {
 inline double nan_max(double worst, double d) {
   if (std::isnan(worst) || std::isnan(d)) return std::numeric_limits<double>::quiet_NaN();
   return d > worst ? d : worst;
+}
+
+// The InputError's message of f(), or "" if f does not throw one (any other exception goes through).
+template <class F>
+std::string refusal(F&& f) {
+  try {
+    f();
+  } catch (const dpmlp::InputError& e) {
+    return e.what();
+  }
+  return {};
 }
 
 }  // namespace dpmlp_test

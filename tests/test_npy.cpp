@@ -27,6 +27,8 @@
 #include <dpmlp/dpmlp.hpp>
 #include <dpmlp/npy.hpp>
 
+#include "check_util.hpp"
+
 namespace npy_test {
 
 using Space = Kokkos::DefaultExecutionSpace;
@@ -102,16 +104,7 @@ bool same_bits(const std::vector<Scalar>& a, const std::vector<Scalar>& b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(Scalar)) == 0);
 }
 
-// The InputError message of f(), or "" if it does not throw one.
-template <class F>
-std::string refusal(F&& f) {
-  try {
-    f();
-  } catch (const dpmlp::InputError& e) {
-    return e.what();
-  }
-  return "";
-}
+using dpmlp_test::refusal;
 
 template <class Scalar>
 dpmlp::Mlp<Scalar, Memory> random_model(std::vector<int> widths, dpmlp::Activation act, std::uint64_t seed) {

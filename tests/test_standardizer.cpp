@@ -160,16 +160,7 @@ DeviceMatrix to_device(const HostMatrix& h) {
   return d;
 }
 
-// The InputError's message of f(), or "" if it does not throw one.
-template <class F>
-std::string refusal(F&& f) {
-  try {
-    f();
-  } catch (const dpmlp::InputError& e) {
-    return e.what();
-  }
-  return {};
-}
+using dpmlp_test::refusal;
 }  // namespace
 
 TEST_CASE("column mode: the statistics of ordinary data are the plain sums' bit for bit", "[standardizer]") {

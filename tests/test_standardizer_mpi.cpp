@@ -53,16 +53,7 @@ TEST_CASE("fit_columns over a communicator gives every rank the whole set's stat
 }
 
 namespace {
-// The InputError's message of f() on this rank, or "" if it does not throw one.
-template <class F>
-std::string refusal(F&& f) {
-  try {
-    f();
-  } catch (const dpmlp::InputError& e) {
-    return e.what();
-  }
-  return {};
-}
+using dpmlp_test::refusal;  // on this rank
 
 // This rank's share [lo, hi) of `total` rows, as above.
 Kokkos::View<double**, Kokkos::LayoutRight, Memory> share(std::int64_t total, int cols, double scale,
