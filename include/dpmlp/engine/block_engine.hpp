@@ -195,27 +195,11 @@ class BlockEngine {
       const int n_in = model_.widths()[l], n_out = model_.widths()[l + 1];
       const matrix out = acts_[l];
       const Activation act = l + 1 == model_.layers() ? Activation::identity : model_.activation();
-      bool added = false;  // the bias, and relu where it applies
-      if (rows_at_once()) {
-        linalg::BatchedGemm<Scalar> g;
-        g.m = static_cast<int>(rows_);
-        g.n = n_out;
-        g.k = n_in;
-        g.a = in.data();
-        g.lda = n_in;
-        g.b = model_.weight(l).data();
-        g.ldb = n_out;
-        g.c = out.data();
-        g.ldc = n_out;
-        if (act == Activation::relu || act == Activation::identity) {
-          added = linalg::gemm_with_bias(space, plan_.gemm, g, model_.bias(l).data(), act == Activation::relu);
-        } else {
-          linalg::gemm(space, plan_.gemm, g);
-        }
-      } else {
-        blocked_gemm(space, linalg::Op::N, linalg::Op::N, n_out, n_in, in.data(), n_in, model_.weight(l).data(),
-                     n_out, 0, out.data(), n_out, std::int64_t(plan_.block_rows) * n_out, plan_.block_rows * n_in);
-      }
+      // The bias, and relu, in the GEMM's pass where the backend can (identity and relu only).
+      const bool fusable = act == Activation::relu || act == Activation::identity;
+      const bool added = rows_gemm(space, linalg::Op::N, n_out, n_in, in.data(), n_in, model_.weight(l).data(), n_out,
+                                   out.data(), n_out, fusable ? model_.bias(l).data() : nullptr,
+                                   act == Activation::relu);
       if (!added) {
         const auto bias = model_.bias(l);
         for_each_element(space, "dpmlp::bias_activation", rows_, n_out, KOKKOS_LAMBDA(const std::int64_t r, const int j) {
@@ -249,11 +233,9 @@ class BlockEngine {
     const int L = model_.layers();
     const int n_out = model_.outputs();
     const std::int64_t W = width_;
-    const std::int64_t block = plan_.block_rows;
     const std::int64_t rows = rows_;
     const auto pred = acts_.back();
     const matrix delta = delta_[(L - 1) % 2];
-    const matrix part = partials_;
     // Residuals and the output delta (scale * 2 r: the gradient of scale * r^2), one thread a row; then,
     // per block, the sum of r^2 (block_column_sums). Two kernels, so the summing loop only reads and its
     // loads can be in flight together (a store in the loop would serialize them on a GPU).
@@ -284,23 +266,7 @@ class BlockEngine {
       // delta_{l-1} = (delta_l * W_l^T) .* act'(A_{l-1})
       const matrix dn = delta_[(l - 1) % 2];
       const int ld_dn = static_cast<int>(dn.extent(1));
-      if (rows_at_once()) {
-        linalg::BatchedGemm<Scalar> g;
-        g.op_b = linalg::Op::T;
-        g.m = static_cast<int>(rows);
-        g.n = n_in;
-        g.k = n_o;
-        g.a = d.data();
-        g.lda = ld_d;
-        g.b = model_.weight(l).data();
-        g.ldb = n_o;
-        g.c = dn.data();
-        g.ldc = ld_dn;
-        linalg::gemm(space, plan_.gemm, g);
-      } else {
-        blocked_gemm(space, linalg::Op::N, linalg::Op::T, n_in, n_o, d.data(), ld_d, model_.weight(l).data(), n_o, 0,
-                     dn.data(), ld_dn, block * ld_dn, block * ld_d);
-      }
+      rows_gemm(space, linalg::Op::T, n_in, n_o, d.data(), ld_d, model_.weight(l).data(), n_o, dn.data(), ld_dn);
       const auto a = acts_[l - 1];
       const Activation act = model_.activation();
       for_each_element(space, "dpmlp::activation_grad", rows, n_in, KOKKOS_LAMBDA(const std::int64_t r, const int i) {
@@ -443,36 +409,42 @@ class BlockEngine {
   }
 
  private:
-  // Out[rows x n] = In[rows x k] * op(Wt), block by block: the full blocks in one batched call, the short
-  // tail block in another. Wt is shared by all blocks (stride 0).
-  void blocked_gemm(const ExecSpace& space, linalg::Op op_in, linalg::Op op_w, int n, int k, const Scalar* in,
-                    int ld_in, const Scalar* w, int ld_w, std::int64_t stride_w, Scalar* out, int ld_out,
-                    std::int64_t stride_out, std::int64_t stride_in) const {
-    const std::int64_t full = rows_ / plan_.block_rows, tail = rows_ - full * plan_.block_rows;
+  // Out[rows x n] = In[rows x k] * op(W), W shared by every row. Where rows_at_once(), one GEMM over all the
+  // shard's rows, which with a non-null `bias` also adds it (and with `relu` applies relu) where the backend
+  // can; else block by block (the full blocks in one batched call, the short tail block in another), so each
+  // block's bits depend on its rows alone. Returns whether the bias (and relu) were applied.
+  bool rows_gemm(const ExecSpace& space, linalg::Op op_w, int n, int k, const Scalar* in, int ld_in, const Scalar* w,
+                 int ld_w, Scalar* out, int ld_out, const Scalar* bias = nullptr, bool relu = false) const {
     linalg::BatchedGemm<Scalar> g;
-    g.op_a = op_in;
     g.op_b = op_w;
     g.n = n;
     g.k = k;
     g.a = in;
     g.lda = ld_in;
-    g.stride_a = stride_in;
     g.b = w;
     g.ldb = ld_w;
-    g.stride_b = stride_w;
     g.c = out;
     g.ldc = ld_out;
-    g.stride_c = stride_out;
+    if (rows_at_once()) {
+      g.m = static_cast<int>(rows_);
+      if (bias != nullptr) return linalg::gemm_with_bias(space, plan_.gemm, g, bias, relu);
+      linalg::gemm(space, plan_.gemm, g);
+      return false;
+    }
+    const std::int64_t full = rows_ / plan_.block_rows, tail = rows_ - full * plan_.block_rows;
+    g.stride_a = plan_.block_rows * ld_in;
+    g.stride_c = plan_.block_rows * ld_out;
     g.m = static_cast<int>(plan_.block_rows);
     g.batch = full;
     linalg::gemm(space, plan_.gemm, g);
     if (tail > 0) {
       g.m = static_cast<int>(tail);
       g.batch = 1;
-      g.a = in + full * stride_in;
-      g.c = out + full * stride_out;
+      g.a = in + full * g.stride_a;
+      g.c = out + full * g.stride_c;
       linalg::gemm(space, plan_.gemm, g);
     }
+    return false;
   }
 
   // partials[b][off .. off + n_in*n_o) = A[block b]^T * D[block b]

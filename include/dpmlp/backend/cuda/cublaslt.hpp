@@ -124,6 +124,23 @@ struct Problem {
   }
 };
 
+template <class Scalar>
+constexpr cudaDataType data_type = std::is_same_v<Scalar, float> ? CUDA_R_32F : CUDA_R_64F;
+template <class Scalar>
+constexpr cublasComputeType_t compute_type = std::is_same_v<Scalar, float> ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_64F;
+
+// The three layouts of a column-major problem (A and B as stored, before their ops), for `batch` entries.
+template <class Scalar>
+struct Operands {
+  Layout a, b, c;
+  Operands(const Problem& p, std::int64_t batch)
+      : a(data_type<Scalar>, p.ta == CUBLAS_OP_N ? p.m : p.k, p.ta == CUBLAS_OP_N ? p.k : p.m, p.lda, batch,
+          p.stride_a),
+        b(data_type<Scalar>, p.tb == CUBLAS_OP_N ? p.k : p.n, p.tb == CUBLAS_OP_N ? p.n : p.k, p.ldb, batch,
+          p.stride_b),
+        c(data_type<Scalar>, p.m, p.n, p.ldc, batch, p.stride_c) {}
+};
+
 class Cache {
  public:
   static Cache& instance() {
@@ -173,15 +190,10 @@ class Cache {
  private:
   template <class Scalar>
   static cublasLtMatmulAlgo_t choose(cublasLtHandle_t h, const Problem& p) {
-    constexpr cudaDataType t = std::is_same_v<Scalar, float> ? CUDA_R_32F : CUDA_R_64F;
-    constexpr cublasComputeType_t compute = std::is_same_v<Scalar, float> ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_64F;
     // A dummy, 16-byte aligned bias pointer: the heuristic reads the epilogue, not the data.
     const void* bias = reinterpret_cast<const void*>(std::uintptr_t(256));
-    Desc desc(compute, t, p.ta, p.tb, p.epilogue, bias);
-    const std::uint64_t ar = p.ta == CUBLAS_OP_N ? p.m : p.k, ac = p.ta == CUBLAS_OP_N ? p.k : p.m;
-    const std::uint64_t br = p.tb == CUBLAS_OP_N ? p.k : p.n, bc = p.tb == CUBLAS_OP_N ? p.n : p.k;
-    Layout a(t, ar, ac, p.lda, p.batch, p.stride_a), b(t, br, bc, p.ldb, p.batch, p.stride_b),
-        c(t, p.m, p.n, p.ldc, p.batch, p.stride_c);
+    Desc desc(compute_type<Scalar>, data_type<Scalar>, p.ta, p.tb, p.epilogue, bias);
+    const Operands<Scalar> ops(p, p.batch);
     cublasLtMatmulPreference_t pref = nullptr;
     check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
     const std::uint64_t workspace = 0;
@@ -201,7 +213,9 @@ class Cache {
       s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &c_align, sizeof c_align);
     cublasLtMatmulHeuristicResult_t results[8] = {};
     int found = 0;
-    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulAlgoGetHeuristic(h, desc.h, a.h, b.h, c.h, c.h, pref, 8, results, &found);
+    if (s == CUBLAS_STATUS_SUCCESS) {
+      s = cublasLtMatmulAlgoGetHeuristic(h, desc.h, ops.a.h, ops.b.h, ops.c.h, ops.c.h, pref, 8, results, &found);
+    }
     (void)cublasLtMatmulPreferenceDestroy(pref);
     check(s, "cublasLtMatmulAlgoGetHeuristic");
     for (int i = 0; i < found; ++i) {
@@ -235,8 +249,6 @@ void gemm(const Kokkos::Cuda& space, const BatchedGemm<Scalar>& g, Epilogue epil
                 "dpmlp::linalg::cublaslt::gemm supports float and double");
   if (g.batch <= 0 || g.m <= 0 || g.n <= 0) return;
   if (g.k == 0) throw InputError("dpmlp::linalg::cublaslt::gemm: k must be positive");
-  constexpr cudaDataType t = std::is_same_v<Scalar, float> ? CUDA_R_32F : CUDA_R_64F;
-  constexpr cublasComputeType_t compute = std::is_same_v<Scalar, float> ? CUBLAS_COMPUTE_32F : CUBLAS_COMPUTE_64F;
   detail::Problem p;
   p.ta = g.op_b == Op::N ? CUBLAS_OP_N : CUBLAS_OP_T;
   p.tb = g.op_a == Op::N ? CUBLAS_OP_N : CUBLAS_OP_T;
@@ -268,14 +280,10 @@ void gemm(const Kokkos::Cuda& space, const BatchedGemm<Scalar>& g, Epilogue epil
   std::lock_guard<std::mutex> lock(cache.mutex());
   cublasLtHandle_t h = cache.handle(space.cuda_device());
   const cublasLtMatmulAlgo_t& algo = cache.algo<Scalar>(space.cuda_device(), p);
-  detail::Desc desc(compute, t, p.ta, p.tb, epilogue, bias);
-  const std::uint64_t ar = p.ta == CUBLAS_OP_N ? p.m : p.k, ac = p.ta == CUBLAS_OP_N ? p.k : p.m;
-  const std::uint64_t br = p.tb == CUBLAS_OP_N ? p.k : p.n, bc = p.tb == CUBLAS_OP_N ? p.n : p.k;
-  const std::int64_t batch = g.batch;
-  detail::Layout a(t, ar, ac, p.lda, batch, p.stride_a), b(t, br, bc, p.ldb, batch, p.stride_b),
-      c(t, p.m, p.n, p.ldc, batch, p.stride_c);
-  detail::check(cublasLtMatmul(h, desc.h, &g.alpha, g.b, a.h, g.a, b.h, &g.beta, g.c, c.h, g.c, c.h, &algo, nullptr, 0,
-                               space.cuda_stream()),
+  detail::Desc desc(detail::compute_type<Scalar>, detail::data_type<Scalar>, p.ta, p.tb, epilogue, bias);
+  const detail::Operands<Scalar> ops(p, g.batch);
+  detail::check(cublasLtMatmul(h, desc.h, &g.alpha, g.b, ops.a.h, g.a, ops.b.h, &g.beta, g.c, ops.c.h, g.c, ops.c.h,
+                               &algo, nullptr, 0, space.cuda_stream()),
                 "cublasLtMatmul (pinned algorithm)");
 }
 
