@@ -472,7 +472,8 @@ class DataParallelTrainer {
     std::unique_ptr<BatchShape> last;  // the epoch's shorter last batch, if it has one
     matrix x, y;  // this rank's rows of the epoch, batch after batch (full.local_rows rows a batch)
     Kokkos::View<std::int64_t*, memory_space> order;  // one rank: the row at each position
-    // Several ranks: the exchange's buffers.
+    // Several ranks: the exchange's buffers (each local row's position in the epoch and destination rank).
+    Kokkos::View<std::int64_t*, memory_space> position;
     Kokkos::View<int*, memory_space> dest;
     Kokkos::View<std::int64_t*, memory_space> counts;
     Kokkos::View<unsigned char*, memory_space> send, recv;
@@ -503,6 +504,7 @@ class DataParallelTrainer {
         es->order = decltype(es->order)(view_alloc(WithoutInitializing, "dpmlp::epoch_order"), global_rows_);
       } else {
         const std::int64_t n = plan_.shard().rows();
+        es->position = decltype(es->position)(view_alloc(WithoutInitializing, "dpmlp::epoch_position"), n);
         es->dest = decltype(es->dest)(view_alloc(WithoutInitializing, "dpmlp::epoch_dest"), n);
         es->counts = decltype(es->counts)("dpmlp::epoch_counts", 2 * comm_.size());
         es->send = decltype(es->send)(view_alloc(WithoutInitializing, "dpmlp::epoch_send"), n * record_bytes());
@@ -548,16 +550,16 @@ class DataParallelTrainer {
   // Fills the epoch buffer with this rank's rows of every batch of epoch `epoch`, in order. Stream-ordered
   // on one rank; on several, the exchange waits for its rows on the host.
   void fill_epoch(std::uint64_t seed, std::int64_t epoch) {
-    EpochSetup& es = *epochs_;
     const EpochOrder order(seed, epoch, global_rows_);
-    const matrix ex = es.x, ey = es.y;
-    const const_matrix x = x_, y = y_;
-    const int nin = model_.inputs(), nout = model_.outputs();
     if (comm_.size() > 1) {
       exchange_epoch(order);
       return;
     }
     // One rank: a row's place in the buffer is its position.
+    const EpochSetup& es = *epochs_;
+    const matrix ex = es.x, ey = es.y;
+    const const_matrix x = x_, y = y_;
+    const int nin = model_.inputs(), nout = model_.outputs();
     const auto rows_of = es.order;
     Kokkos::parallel_for(
         "dpmlp::epoch_order", Kokkos::RangePolicy<ExecSpace>(space_, 0, global_rows_),
@@ -588,6 +590,7 @@ class DataParallelTrainer {
     const std::size_t rec = record_bytes();
     const auto full_bounds = es.full.bounds;
     const auto last_bounds = es.last ? es.last->bounds : es.full.bounds;
+    const auto position = es.position;
     const auto dest = es.dest;
     const auto counts = es.counts;  // [0, R): rows to each rank; [R, 2R): the packing cursors
     const matrix ex = es.x, ey = es.y;
@@ -597,6 +600,7 @@ class DataParallelTrainer {
     Kokkos::parallel_for(
         "dpmlp::epoch_destinations", Kokkos::RangePolicy<ExecSpace>(space_, 0, n), KOKKOS_LAMBDA(const std::int64_t r) {
           const std::int64_t p = order.position(first + r);
+          position(r) = p;
           const std::int64_t k = p / B, o = p - k * B;
           const auto& bounds = k == per - 1 ? last_bounds : full_bounds;
           int q = 0;
@@ -619,16 +623,16 @@ class DataParallelTrainer {
         "dpmlp::epoch_pack", Kokkos::RangePolicy<ExecSpace>(space_, 0, n), KOKKOS_LAMBDA(const std::int64_t r) {
           const std::int64_t slot = Kokkos::atomic_fetch_add(&counts(R + dest(r)), std::int64_t(1));
           unsigned char* out = send.data() + slot * rec;
-          const std::int64_t p = order.position(first + r);
+          const std::int64_t p = position(r);
           memcpy(out, &p, sizeof p);
           Scalar* v = reinterpret_cast<Scalar*>(out + sizeof p);
           for (int j = 0; j < nin; ++j) v[j] = x(r, j);
           for (int j = 0; j < nout; ++j) v[nin + j] = y(r, j);
         });
     detail::check_mpi(MPI_Alltoall(to.data(), 1, MPI_INT64_T, from.data(), 1, MPI_INT64_T, c), "MPI_Alltoall");
-    std::int64_t expected = 0, arriving = 0;
+    std::int64_t arriving = 0;
     for (int q = 0; q < R; ++q) arriving += from[q];
-    expected = static_cast<std::int64_t>(ex.extent(0));
+    const std::int64_t expected = static_cast<std::int64_t>(ex.extent(0));
     std::vector<int> sc(R), sd(R), rc(R), rd(R);
     std::string problem = arriving == expected ? std::string()
                                                : "dpmlp::DataParallelTrainer::train_epochs: the exchange would bring " +
