@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // gemm_bench: times dpmlp::linalg::gemm's portable backend (the tiled team kernel on device spaces) against the
-// space's vendor backend (cuBLAS on Kokkos::Cuda with cuBLAS, Eigen on host spaces), on the GEMMs the layered
-// engine runs for a model of the given widths.
+// space's vendor backend (cuBLAS on Kokkos::Cuda with cuBLAS, Eigen on host spaces) and, on CUDA, the pinned
+// backends (cublaslt, cutlass), on the GEMMs the layered engine runs for a model of the given widths.
 //
 //   gemm_bench [OPTION]...      (gemm_bench --help lists the options)
 //
@@ -200,10 +200,17 @@ bool same_bits(const view& p, const view& q, std::int64_t n) {
 int run(const Options& o) {
   Space space;
   // The vendor library as its users call it: cuBLAS's own choice of kernel (not the pinned cuBLASLt one).
-  const Backend vendor = dpmlp::linalg::default_backend<Space>(false) == Backend::cublaslt
-                             ? Backend::cublas
-                             : dpmlp::linalg::default_backend<Space>(false);
+  const Backend by_default = dpmlp::linalg::default_backend<Space>(false);
+  const Backend vendor =
+      by_default == Backend::cublaslt || by_default == Backend::cutlass ? Backend::cublas : by_default;
   const bool has_vendor = vendor != Backend::portable;
+  std::vector<Backend> pinned;
+#if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUBLAS)
+  if (std::is_same<Space, Kokkos::Cuda>::value) pinned.push_back(Backend::cublaslt);
+#endif
+#if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUTLASS)
+  if (std::is_same<Space, Kokkos::Cuda>::value) pinned.push_back(Backend::cutlass);
+#endif
   // The largest operands any GEMM here needs; one buffer each, filled once.
   std::int64_t na = 1, nb = 1, nc = 1;
   std::vector<std::pair<std::vector<int>, std::vector<Case>>> all;
@@ -271,6 +278,21 @@ int run(const Options& o) {
       } else {
         std::printf("\"reference_ms\": null, \"reference_bits_equal\": null, ");
       }
+      // The pinned backends the layered engine runs by default on this space (its reproducible GEMMs), each
+      // timed on the same GEMM and compared with the portable result.
+      std::printf("\"pinned\": {");
+      bool first = true;
+      for (Backend p : pinned) {
+        g.c = c_vendor.data();
+        const double ms = median_ms(space, o.warmup, o.repeats, [&] { dpmlp::linalg::gemm(space, p, g); });
+        const double r = max_rel_diff(space, c_portable, c_vendor, n_c);
+        const bool p_ok = r <= o.tolerance;
+        pass = pass && p_ok;
+        std::printf("%s\"%s\": {\"ms\": %.4f, \"tflops\": %.3f, \"max_rel_diff\": %.3e, \"check\": \"%s\"}",
+                    first ? "" : ", ", dpmlp::linalg::backend_name(p), ms, flops / ms * 1e-9, r, p_ok ? "pass" : "fail");
+        first = false;
+      }
+      std::printf("}, ");
       std::printf("\"check\": \"%s\"}\n", ok ? "pass" : "fail");
       std::fflush(stdout);
     }

@@ -58,6 +58,7 @@ struct Options {
   double rate = 0;                                        // 0: 0.02 (sgd), 0.001 (adam)
   std::uint64_t seed = 0;
   dpmlp::Engine engine = dpmlp::Engine::automatic;
+  std::string gemm = "default";
   bool graph = false, allow_cpu = false;
 };
 
@@ -119,6 +120,8 @@ cli::Parser command_line(Options& o) {
   p.custom("--engine", "automatic|fused|tensor|layered", dpmlp::engine_name(o.engine), "the per-block gradient engine",
            [&o](const cli::Args& a, int& i) { o.engine = dpmlp::engine_from_name(a.value(i)); });
   p.value("--block-rows", "B", o.block_rows, "rows per reduction block; 0 lets the trainer choose");
+  p.value("--gemm", "default|cutlass|cublaslt|cublas|portable|eigen", o.gemm,
+          "the layered engine's GEMM backend (default: the space's, linalg::default_backend)");
   p.flag("--graph", o.graph,
          "replay steps as a CUDA graph where the trainer can (TrainerOptions::cuda_graph: CUDA, NCCL, sgd)");
   p.value("--repeats", "R", o.repeats, "timed repeats, each a fresh trainer from the same parameters");
@@ -249,6 +252,14 @@ dpmlp::TrainerOptions trainer_options(const Options& o) {
   topt.block_rows = o.block_rows;
   topt.cuda_graph = o.graph;
   topt.engine = o.engine;
+  if (o.gemm != "default") {
+    bool known = false;
+    for (auto b : {dpmlp::linalg::Backend::eigen, dpmlp::linalg::Backend::cublas, dpmlp::linalg::Backend::portable,
+                   dpmlp::linalg::Backend::cublaslt, dpmlp::linalg::Backend::cutlass}) {
+      if (o.gemm == dpmlp::linalg::backend_name(b)) topt.gemm = b, known = true;
+    }
+    if (!known) throw dpmlp::InputError("--gemm: unknown backend '" + o.gemm + "'");
+  }
   return topt;
 }
 
@@ -328,6 +339,7 @@ int bench(const Options& o, const Optimizer& optimizer) {
             ", \"comm\": " + json_string(Comm::name()) + ", \"reduction\": " + json_string(o.reduction) +
             ", \"engine\": " + json_string(dpmlp::engine_name(r.plan.engine)) +
             ", \"kernel\": " + json_string(dpmlp::kernel_name(r.plan.kernel)) +
+            ", \"gemm\": " + json_string(r.plan.engine == dpmlp::Engine::layered ? dpmlp::linalg::backend_name(r.plan.gemm) : "none") +
             ", \"block_rows\": " + std::to_string(r.block_rows) + ", \"graph\": " + (o.graph ? "true" : "false") +
             ", \"repeats\": " + std::to_string(o.repeats) + ", \"times_ms\": [";
     for (std::size_t i = 0; i < r.ms.size(); ++i) line += (i ? ", " : "") + json_number(r.ms[i], "%.3f");

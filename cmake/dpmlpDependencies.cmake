@@ -3,7 +3,9 @@
 # so a consumer gets exactly the same targets and fixes as dpmlp's own build.
 #
 # Sets DPMLP_KOKKOS_HAS_CUDA / DPMLP_KOKKOS_HAS_HIP / DPMLP_KOKKOS_HAS_OPENMP, and, on CUDA builds,
-# DPMLP_HAVE_CUBLAS / DPMLP_HAVE_NCCL with the imported targets CUDA::cublas, CUDA::cublasLt and dpmlp::nccl.
+# DPMLP_HAVE_CUBLAS / DPMLP_HAVE_NCCL with the imported targets CUDA::cublas, CUDA::cublasLt and dpmlp::nccl,
+# and DPMLP_HAVE_CUTLASS with DPMLP_CUTLASS_INCLUDE_DIR (CUTLASS's headers: CUTLASS_DIR, or PyPI's
+# nvidia-cutlass wheel, whose cutlass_library ships them).
 
 include(CMakeFindDependencyMacro)
 
@@ -74,6 +76,7 @@ _dpmlp_find(Eigen3 3.3 NO_MODULE)
 
 set(DPMLP_HAVE_CUBLAS OFF)
 set(DPMLP_HAVE_NCCL OFF)
+set(DPMLP_HAVE_CUTLASS OFF)
 if(DPMLP_KOKKOS_HAS_CUDA)
   if(NOT DEFINED DPMLP_ENABLE_CUBLAS)
     set(DPMLP_ENABLE_CUBLAS ON)
@@ -103,6 +106,28 @@ if(DPMLP_KOKKOS_HAS_CUDA)
       message(STATUS "dpmlp: NCCL not found; the MPI communicator is the only one")
     endif()
   endif()
+  if(NOT DEFINED DPMLP_ENABLE_CUTLASS)
+    set(DPMLP_ENABLE_CUTLASS ON)
+  endif()
+  if(DPMLP_ENABLE_CUTLASS AND DPMLP_HAVE_CUBLAS)
+    if(NOT DPMLP_CUTLASS_INCLUDE_DIR)
+      find_package(Python3 COMPONENTS Interpreter QUIET)
+      if(Python3_Interpreter_FOUND)
+        execute_process(COMMAND ${Python3_EXECUTABLE} -c
+                                "import cutlass_library, os; print(os.path.dirname(cutlass_library.__file__))"
+                        OUTPUT_VARIABLE _dpmlp_cutlass_py OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+      endif()
+    endif()
+    find_path(DPMLP_CUTLASS_INCLUDE_DIR cutlass/gemm/device/gemm_universal.h
+              HINTS ${CUTLASS_DIR} ENV CUTLASS_DIR "${_dpmlp_cutlass_py}/source"
+              PATH_SUFFIXES include)
+    if(DPMLP_CUTLASS_INCLUDE_DIR)
+      set(DPMLP_HAVE_CUTLASS ON)
+    else()
+      message(STATUS "dpmlp: CUTLASS not found (set CUTLASS_DIR, or pip install nvidia-cutlass); deep models "
+                     "run on cuBLASLt's FP32 kernels instead of 3xTF32 tensor cores")
+    endif()
+  endif()
 endif()
 
 # Attaches dependencies and backend switches to an INTERFACE target (dpmlp's own or the imported one).
@@ -114,6 +139,10 @@ function(dpmlp_link_dependencies target)
   if(DPMLP_HAVE_CUBLAS)
     target_link_libraries(${target} INTERFACE CUDA::cublas CUDA::cublasLt)
     target_compile_definitions(${target} INTERFACE DPMLP_HAVE_CUBLAS=1)
+  endif()
+  if(DPMLP_HAVE_CUTLASS)
+    target_include_directories(${target} SYSTEM INTERFACE "${DPMLP_CUTLASS_INCLUDE_DIR}")
+    target_compile_definitions(${target} INTERFACE DPMLP_HAVE_CUTLASS=1)
   endif()
   if(DPMLP_HAVE_NCCL)
     target_link_libraries(${target} INTERFACE dpmlp::nccl)

@@ -603,13 +603,13 @@ TEST_CASE("deep models: value_and_grad matches the fp64 reference, every GEMM pa
   }
 }
 
-TEST_CASE("cublaslt: a row's bits do not depend on the rows in the GEMM, a block's on the blocks", "[mlp][linalg]") {
+#if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUBLAS)
+namespace {
+// A row's bits do not depend on the rows in the GEMM, a block's on the blocks in the batch: the property the
+// reproducible reduction needs from a GEMM backend, checked for `backend`.
+void check_rows_and_blocks_independent(dpmlp::linalg::Backend backend) {
   using dpmlp::linalg::Backend;
   using dpmlp::linalg::Op;
-  if (dpmlp::linalg::default_backend<Space>(true) != Backend::cublaslt) {
-    WARN("the pinned cuBLASLt backend runs on CUDA builds with cuBLAS only; not run here");
-    return;
-  }
   const int rows = 5000, k = 256, n = 128;
   Kokkos::View<float*, Memory> a("a", rows * k), w("w", k * n), bias("bias", n), c1("c1", rows * n),
       c2("c2", rows * n);
@@ -633,12 +633,29 @@ TEST_CASE("cublaslt: a row's bits do not depend on the rows in the GEMM, a block
       g.ldc = n;
       auto run = [&](const dpmlp::linalg::BatchedGemm<float>& gg) {
         if (epilogue) {
-          CHECK(dpmlp::linalg::gemm_with_bias(Space(), Backend::cublaslt, gg, bias.data(), true));
+          CHECK(dpmlp::linalg::gemm_with_bias(Space(), backend, gg, bias.data(), true));
         } else {
-          dpmlp::linalg::gemm(Space(), Backend::cublaslt, gg);
+          dpmlp::linalg::gemm(Space(), backend, gg);
         }
       };
       run(g);
+      if (!epilogue) {
+        // FP32 accuracy (a TF32 product would be off by ~1e-3): rows 0..63 against an fp64 product.
+        auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
+        auto hw = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), w);
+        auto hc = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), c1);
+        double worst = 0, scale = 0;
+        for (int i = 0; i < 64; ++i) {
+          for (int j = 0; j < n; ++j) {
+            double ref = 0;
+            for (int p = 0; p < k; ++p) ref += double(ha(i * k + p)) * double(ob == Op::N ? hw(p * n + j) : hw(j * k + p));
+            worst = std::max(worst, std::abs(double(hc(i * n + j)) - ref));
+            scale = std::max(scale, std::abs(ref));
+          }
+        }
+        INFO("op_b " << (ob == Op::N ? "N" : "T") << ": max error " << worst << " of max |C| " << scale);
+        CHECK(worst <= 1e-6 * scale);
+      }
       for (int span : {1, 7, 64, 1000, 3999}) {
         Kokkos::deep_copy(c2, 0.0f);
         auto part = g;
@@ -675,18 +692,40 @@ TEST_CASE("cublaslt: a row's bits do not depend on the rows in the GEMM, a block
   g.stride_c = in * out + 3;
   g.batch = blocks;
   g.blocks = true;
-  dpmlp::linalg::gemm(Space(), Backend::cublaslt, g);
+  dpmlp::linalg::gemm(Space(), backend, g);
   for (int b : {0, 4, 8}) {
     auto one = g;
     one.batch = 1;
     one.a = x.data() + std::int64_t(b) * block * in;
     one.b = d.data() + std::int64_t(b) * block * out;
     one.c = g2.data() + 1 + std::int64_t(b) * (in * out + 3);
-    dpmlp::linalg::gemm(Space(), Backend::cublaslt, one);
+    dpmlp::linalg::gemm(Space(), backend, one);
     auto h1 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), g1);
     auto h2 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), g2);
     INFO("block " << b);
     const std::size_t at = 1 + std::size_t(b) * (in * out + 3);
     CHECK(std::memcmp(h1.data() + at, h2.data() + at, sizeof(float) * in * out) == 0);
   }
+}
+}  // namespace
+#endif
+
+TEST_CASE("cublaslt: a row's bits do not depend on the rows in the GEMM, a block's on the blocks", "[mlp][linalg]") {
+#if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUBLAS)
+  if (std::is_same<Space, Kokkos::Cuda>::value) {
+    check_rows_and_blocks_independent(dpmlp::linalg::Backend::cublaslt);
+    return;
+  }
+#endif
+  WARN("the pinned cuBLASLt backend runs on CUDA builds with cuBLAS only; not run here");
+}
+
+TEST_CASE("cutlass: a row's bits do not depend on the rows in the GEMM, a block's on the blocks", "[mlp][linalg]") {
+#if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUTLASS)
+  if (std::is_same<Space, Kokkos::Cuda>::value) {
+    check_rows_and_blocks_independent(dpmlp::linalg::Backend::cutlass);
+    return;
+  }
+#endif
+  WARN("the CUTLASS 3xTF32 backend runs on CUDA builds with CUTLASS only; not run here");
 }

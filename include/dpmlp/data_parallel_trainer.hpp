@@ -746,8 +746,9 @@ class DataParallelTrainer {
     }
     // The engines read rows at a stride of the row length: a View of some columns of a wider array (a
     // column subview) has longer rows and would be misread. It needs a copy, which the caller makes.
-    // The pinned cuBLASLt GEMMs read x's rows with 16-byte loads.
-    if (engine_plan_.engine == Engine::layered && engine_plan_.gemm == linalg::Backend::cublaslt &&
+    // The pinned cuBLASLt and the CUTLASS GEMMs read x's rows with 16-byte loads.
+    if (engine_plan_.engine == Engine::layered &&
+        (engine_plan_.gemm == linalg::Backend::cublaslt || engine_plan_.gemm == linalg::Backend::cutlass) &&
         reinterpret_cast<std::uintptr_t>(x.data()) % 16 != 0) {
       return "dpmlp::DataParallelTrainer::set_data: x's data is not 16-byte aligned (a View of rows at an offset?); "
              "deep_copy it into a View of its own";

@@ -195,11 +195,9 @@ class BlockEngine {
       const int n_in = model_.widths()[l], n_out = model_.widths()[l + 1];
       const matrix out = acts_[l];
       const Activation act = l + 1 == model_.layers() ? Activation::identity : model_.activation();
-      // The bias, and relu, in the GEMM's pass where the backend can (identity and relu only).
-      const bool fusable = act == Activation::relu || act == Activation::identity;
+      // The bias and the activation in the GEMM's pass where the backend can.
       const bool added = rows_gemm(space, linalg::Op::N, n_out, n_in, in.data(), n_in, model_.weight(l).data(), n_out,
-                                   out.data(), n_out, fusable ? model_.bias(l).data() : nullptr,
-                                   act == Activation::relu);
+                                   out.data(), n_out, Fuse::bias_activation, model_.bias(l).data(), 0, act);
       if (!added) {
         const auto bias = model_.bias(l);
         for_each_element(space, "dpmlp::bias_activation", rows_, n_out, KOKKOS_LAMBDA(const std::int64_t r, const int j) {
@@ -266,12 +264,15 @@ class BlockEngine {
       // delta_{l-1} = (delta_l * W_l^T) .* act'(A_{l-1})
       const matrix dn = delta_[(l - 1) % 2];
       const int ld_dn = static_cast<int>(dn.extent(1));
-      rows_gemm(space, linalg::Op::T, n_in, n_o, d.data(), ld_d, model_.weight(l).data(), n_o, dn.data(), ld_dn);
       const auto a = acts_[l - 1];
       const Activation act = model_.activation();
-      for_each_element(space, "dpmlp::activation_grad", rows, n_in, KOKKOS_LAMBDA(const std::int64_t r, const int i) {
-        dn(r, i) *= activate_grad_from_output(act, a(r, i));
-      });
+      const bool fused = rows_gemm(space, linalg::Op::T, n_in, n_o, d.data(), ld_d, model_.weight(l).data(), n_o,
+                                   dn.data(), ld_dn, Fuse::activation_grad, a.data(), n_in, act);
+      if (!fused) {
+        for_each_element(space, "dpmlp::activation_grad", rows, n_in, KOKKOS_LAMBDA(const std::int64_t r, const int i) {
+          dn(r, i) *= activate_grad_from_output(act, a(r, i));
+        });
+      }
     }
   }
 
@@ -409,12 +410,17 @@ class BlockEngine {
   }
 
  private:
+  // What rows_gemm may do in the GEMM's pass: nothing; add the bias `src` and apply the activation (the
+  // forward); multiply by the activation's derivative read from its outputs `src` (back-propagation).
+  enum class Fuse { none, bias_activation, activation_grad };
+
   // Out[rows x n] = In[rows x k] * op(W), W shared by every row. Where rows_at_once(), one GEMM over all the
-  // shard's rows, which with a non-null `bias` also adds it (and with `relu` applies relu) where the backend
-  // can; else block by block (the full blocks in one batched call, the short tail block in another), so each
-  // block's bits depend on its rows alone. Returns whether the bias (and relu) were applied.
+  // shard's rows, which also does `fuse` where the backend can; else block by block (the full blocks in one
+  // batched call, the short tail block in another), so each block's bits depend on its rows alone. Returns
+  // whether `fuse` was done (else the caller does it).
   bool rows_gemm(const ExecSpace& space, linalg::Op op_w, int n, int k, const Scalar* in, int ld_in, const Scalar* w,
-                 int ld_w, Scalar* out, int ld_out, const Scalar* bias = nullptr, bool relu = false) const {
+                 int ld_w, Scalar* out, int ld_out, Fuse fuse = Fuse::none, const Scalar* src = nullptr,
+                 std::int64_t ld_src = 0, Activation act = Activation::identity) const {
     linalg::BatchedGemm<Scalar> g;
     g.op_b = op_w;
     g.n = n;
@@ -427,7 +433,10 @@ class BlockEngine {
     g.ldc = ld_out;
     if (rows_at_once()) {
       g.m = static_cast<int>(rows_);
-      if (bias != nullptr) return linalg::gemm_with_bias(space, plan_.gemm, g, bias, relu);
+      if (fuse == Fuse::bias_activation) return linalg::gemm_with_bias(space, plan_.gemm, g, src, act);
+      if (fuse == Fuse::activation_grad) {
+        return linalg::gemm_with_activation_grad(space, plan_.gemm, g, src, ld_src, act);
+      }
       linalg::gemm(space, plan_.gemm, g);
       return false;
     }

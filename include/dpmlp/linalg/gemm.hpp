@@ -11,13 +11,15 @@
 //   - eigen:    host spaces; Eigen::Map over the Kokkos data, one Eigen product per batch entry.
 //   - cublas:   Kokkos::Cuda; cublas<t>gemmStridedBatched on the execution space's stream (backend/cuda/cublas.hpp).
 //   - cublaslt: Kokkos::Cuda; cuBLASLt with the algorithm pinned per kind of GEMM (backend/cuda/cublaslt.hpp).
+//   - cutlass:  Kokkos::Cuda, float; CUTLASS 3xTF32 tensor-core kernels (backend/cuda/cutlass_3xtf32.hpp) for
+//               the GEMMs they take (shapes and alignment), cublaslt for the rest (and for double).
 //   - portable: any space; Kokkos kernels in which each C element is summed over k in increasing order, one
 //               term at a time from +0 (detail::gemm_portable: a tiled team kernel, whose bits are those of the
 //               one-thread-an-element reference kernel, detail::gemm_portable_reference).
-// Every backend is deterministic for a fixed (shape, batch) on a fixed machine. The portable and cublaslt
-// backends (and eigen, one product per batch entry) give each row of C, and each batch entry, bits that do not
-// depend on the number of rows or the batch count, which is what reproducible reductions need; cublas does
-// not (docs/design.md).
+// Every backend is deterministic for a fixed (shape, batch) on a fixed machine. The portable, cublaslt and
+// cutlass backends (and eigen, one product per batch entry) give each row of C, and each batch entry, bits
+// that do not depend on the number of rows or the batch count, which is what reproducible reductions need;
+// cublas does not (docs/design.md).
 #pragma once
 
 #include <climits>
@@ -27,13 +29,14 @@
 
 #include <Eigen/Core>
 
+#include "dpmlp/activation.hpp"
 #include "dpmlp/kokkos_compat.hpp"
 
 namespace dpmlp {
 namespace linalg {
 
 enum class Op { N, T };
-enum class Backend { eigen, cublas, portable, cublaslt };
+enum class Backend { eigen, cublas, portable, cublaslt, cutlass };
 
 inline const char* backend_name(Backend b) {
   switch (b) {
@@ -41,6 +44,7 @@ inline const char* backend_name(Backend b) {
     case Backend::cublas: return "cublas";
     case Backend::portable: return "portable";
     case Backend::cublaslt: return "cublaslt";
+    case Backend::cutlass: return "cutlass";
   }
   return "?";
 }
@@ -515,14 +519,15 @@ void gemm_portable(const ExecSpace& space, const BatchedGemm<Scalar>& g) {
 #if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUBLAS)
 #include "dpmlp/backend/cuda/cublas.hpp"
 #include "dpmlp/backend/cuda/cublaslt.hpp"
+#include "dpmlp/backend/cuda/cutlass_3xtf32.hpp"
 #endif
 
 namespace dpmlp {
 namespace linalg {
 
-// The backend a space uses by default: eigen on host spaces; on CUDA with cuBLAS the pinned cuBLASLt backend
-// (whose rows' bits do not depend on the row or batch count, so it serves the reproducible reduction too);
-// else the portable kernel.
+// The backend a space uses by default: eigen on host spaces; on CUDA the CUTLASS 3xTF32 kernels where CUTLASS
+// was found (with cuBLAS), else the pinned cuBLASLt backend (both give a row bits that do not depend on the
+// row or batch count, so they serve the reproducible reduction too); else the portable kernel.
 template <class ExecSpace>
 Backend default_backend(bool reproducible) {
   (void)reproducible;
@@ -530,6 +535,9 @@ Backend default_backend(bool reproducible) {
     return Backend::eigen;
   }
 #if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUBLAS)
+#if defined(DPMLP_HAVE_CUTLASS)
+  if (std::is_same<ExecSpace, Kokkos::Cuda>::value) return Backend::cutlass;
+#endif
   if (std::is_same<ExecSpace, Kokkos::Cuda>::value) return Backend::cublaslt;
 #endif
   return Backend::portable;
@@ -556,6 +564,16 @@ void gemm(const ExecSpace& space, Backend backend, const BatchedGemm<Scalar>& g)
     case Backend::portable:
       detail::gemm_portable(space, g);
       return;
+    case Backend::cutlass:
+#if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUTLASS)
+      if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value && std::is_same<Scalar, float>::value) {
+        if (cutlass_3xtf32::takes(g)) {
+          cutlass_3xtf32::gemm(space, g);
+          return;
+        }
+      }
+#endif
+      [[fallthrough]];
     case Backend::cublaslt:
       if (g.k == 0) {  // beta * C: nothing to pin
         detail::gemm_portable(space, g);
@@ -573,22 +591,62 @@ void gemm(const ExecSpace& space, Backend backend, const BatchedGemm<Scalar>& g)
                               "' is not available for execution space " + ExecSpace::name());
 }
 
-// The GEMM, and where the backend can do it in the same pass (cublaslt), the bias (one value per column of C)
-// added and, with `relu`, relu applied. Returns whether it did; if not, the caller adds them.
+// The GEMM, and where the backend can do it in the same pass, the bias (one value per column of C) added and
+// the activation applied: C = activate(act, alpha op(A) op(B) + bias), the expression of the layered engine's
+// own element-wise kernel. cutlass does it for any activation (where it takes the GEMM), cublaslt for relu and
+// identity. Returns whether it did; if not, C holds the plain product and the caller adds the rest.
 template <class ExecSpace, class Scalar>
 bool gemm_with_bias(const ExecSpace& space, Backend backend, const BatchedGemm<Scalar>& g, const Scalar* bias,
-                    bool relu) {
+                    Activation act) {
 #if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUBLAS)
   if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+#if defined(DPMLP_HAVE_CUTLASS)
+    if constexpr (std::is_same<Scalar, float>::value) {
+      const cutlass_3xtf32::Epilogue e{cutlass_3xtf32::detail::Epi::bias_activation, bias, 0, act};
+      if (backend == Backend::cutlass && cutlass_3xtf32::takes(g, e)) {
+        cutlass_3xtf32::gemm(space, g, e);
+        return true;
+      }
+    }
+#endif
     // The bias pointer's alignment is the model's layout's, the same on every rank.
-    if (backend == Backend::cublaslt && g.batch == 1 && !g.blocks && g.k > 0 && g.m > 0 && g.n > 0 &&
-        reinterpret_cast<std::uintptr_t>(bias) % 16 == 0) {
-      cublaslt::gemm(space, g, relu ? cublaslt::Epilogue::relu_bias : cublaslt::Epilogue::bias, bias);
+    if ((backend == Backend::cublaslt || backend == Backend::cutlass) && act != Activation::tanh && g.batch == 1 &&
+        !g.blocks && g.k > 0 && g.m > 0 && g.n > 0 && reinterpret_cast<std::uintptr_t>(bias) % 16 == 0) {
+      cublaslt::gemm(space, g, act == Activation::relu ? cublaslt::Epilogue::relu_bias : cublaslt::Epilogue::bias,
+                     bias);
       return true;
     }
   }
 #endif
-  (void)bias, (void)relu;
+  (void)bias, (void)act;
+  gemm(space, backend, g);
+  return false;
+}
+
+// The same with relu (true) or identity (false).
+template <class ExecSpace, class Scalar>
+bool gemm_with_bias(const ExecSpace& space, Backend backend, const BatchedGemm<Scalar>& g, const Scalar* bias,
+                    bool relu) {
+  return gemm_with_bias(space, backend, g, bias, relu ? Activation::relu : Activation::identity);
+}
+
+// The GEMM, and where the backend can do it in the same pass (cutlass), C multiplied element-wise by the
+// activation's derivative, read from the activation's outputs Y (same shape as C, leading dimension ld_y):
+// C = (alpha op(A) op(B)) * activate_grad_from_output(act, Y), the layered engine's back-propagation step.
+// Returns whether it did; if not, C holds the plain product.
+template <class ExecSpace, class Scalar>
+bool gemm_with_activation_grad(const ExecSpace& space, Backend backend, const BatchedGemm<Scalar>& g, const Scalar* y,
+                               std::int64_t ld_y, Activation act) {
+#if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUTLASS)
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value && std::is_same<Scalar, float>::value) {
+    const cutlass_3xtf32::Epilogue e{cutlass_3xtf32::detail::Epi::activation_grad, y, ld_y, act};
+    if (backend == Backend::cutlass && cutlass_3xtf32::takes(g, e)) {
+      cutlass_3xtf32::gemm(space, g, e);
+      return true;
+    }
+  }
+#endif
+  (void)y, (void)ld_y, (void)act;
   gemm(space, backend, g);
   return false;
 }

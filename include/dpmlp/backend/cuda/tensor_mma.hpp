@@ -799,7 +799,7 @@ __global__ void __launch_bounds__(256, TensorMmaKernel<HP, NOC>::MIN_BLOCKS)
 template <int HP, int NOC>
 inline void launch_tensor_mma(const Kokkos::Cuda& space, const TensorProblem& p, int group) {
   using kernel_t = TensorMmaKernel<HP, NOC>;
-  kernel_t k{p};
+  kernel_t k{p, {}};
   if constexpr (kernel_t::GROUPS) k.group = group;
   k.vec16 = p.n_in % 4 == 0 && reinterpret_cast<std::uintptr_t>(p.x) % 16 == 0;
 #if defined(__CUDACC__)

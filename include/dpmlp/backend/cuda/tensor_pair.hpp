@@ -432,7 +432,7 @@ __global__ void __launch_bounds__(512, 1) fused_tensor_pair(const TensorPairKern
 template <int HP>
 inline void launch_tensor_pair(const Kokkos::Cuda& space, const TensorProblem& p, int group) {
   using kernel_t = TensorPairKernel<HP>;
-  kernel_t k{TensorMmaKernel<HP, 1>{p}};
+  kernel_t k{TensorMmaKernel<HP, 1>{p, {}}};
   if constexpr (kernel_t::GROUPS) k.group = group;
   k.vec16 = p.n_in % 4 == 0 && reinterpret_cast<std::uintptr_t>(p.x) % 16 == 0;
 #if defined(__CUDACC__)
