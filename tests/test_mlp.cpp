@@ -610,7 +610,8 @@ namespace {
 void check_rows_and_blocks_independent(dpmlp::linalg::Backend backend) {
   using dpmlp::linalg::Backend;
   using dpmlp::linalg::Op;
-  const int rows = 5000, k = 256, n = 128;
+  // Enough rows that the whole GEMM and the longest span run other tiles than the short spans.
+  const int rows = 20000, k = 256, n = 128;
   Kokkos::View<float*, Memory> a("a", rows * k), w("w", k * n), bias("bias", n), c1("c1", rows * n),
       c2("c2", rows * n);
   dpmlp::random::normal(Space(), dpmlp::random::PRNGKey(5), a, 0);
@@ -619,7 +620,7 @@ void check_rows_and_blocks_independent(dpmlp::linalg::Backend backend) {
   for (Op ob : {Op::N, Op::T}) {
     for (bool epilogue : {false, true}) {
       if (epilogue && ob == Op::T) continue;
-      // Rows [0, rows) in one GEMM, then rows [1000, 1000 + span) alone, for spans of several sizes.
+      // Rows [0, rows) in one GEMM, then rows [1000, 1000 + span) alone, for spans of several sizes (and tiles).
       dpmlp::linalg::BatchedGemm<float> g;
       g.op_b = ob;
       g.m = rows;
@@ -656,7 +657,7 @@ void check_rows_and_blocks_independent(dpmlp::linalg::Backend backend) {
         INFO("op_b " << (ob == Op::N ? "N" : "T") << ": max error " << worst << " of max |C| " << scale);
         CHECK(worst <= 1e-6 * scale);
       }
-      for (int span : {1, 7, 64, 1000, 3999}) {
+      for (int span : {1, 7, 64, 1000, 3999, 17000}) {
         Kokkos::deep_copy(c2, 0.0f);
         auto part = g;
         part.m = span;

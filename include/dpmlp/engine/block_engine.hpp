@@ -182,6 +182,11 @@ class BlockEngine {
   const matrix& output() const { return acts_.back(); }
 
 
+  // Whether back-propagation through a layer of n_o outputs runs as one element-wise kernel rather than a GEMM
+  // and a kernel: on device spaces (host spaces keep Eigen's GEMM) for at most 4 outputs, where a GEMM with
+  // k = n_o is all memory traffic.
+  static constexpr bool narrow_delta(int n_o) { return !is_host_space<ExecSpace>() && n_o <= 4; }
+
   // Whether the layered engine's GEMMs over rows run as one GEMM over all the shard's rows rather than block by
   // block: where the backend gives a row the same bits whatever the row count (portable, cublaslt), or where
   // the bits need not be reproducible (cublas). Eigen's blocking depends on the sizes, so it goes block by
@@ -266,6 +271,17 @@ class BlockEngine {
       const int ld_dn = static_cast<int>(dn.extent(1));
       const auto a = acts_[l - 1];
       const Activation act = model_.activation();
+      if (narrow_delta(n_o)) {
+        // Few outputs (the output layer): the product and the derivative in one pass over the rows, each
+        // element's sum over j in increasing order from +0, as the portable GEMM sums it.
+        const auto w = model_.weight(l);
+        for_each_element(space, "dpmlp::narrow_delta", rows, n_in, KOKKOS_LAMBDA(const std::int64_t r, const int i) {
+          Scalar acc = Scalar(0);
+          for (int j = 0; j < n_o; ++j) acc += d(r, j) * w(i, j);
+          dn(r, i) = acc * activate_grad_from_output(act, a(r, i));
+        });
+        continue;
+      }
       const bool fused = rows_gemm(space, linalg::Op::T, n_in, n_o, d.data(), ld_d, model_.weight(l).data(), n_o,
                                    dn.data(), ld_dn, Fuse::activation_grad, a.data(), n_in, act);
       if (!fused) {

@@ -8,8 +8,7 @@
 // dimension, the batch count or the tile: one threadblock per output tile (no split-K, no stream-K), k-tiles
 // of 16 in increasing order (the partial tile, where k is not a multiple of 16, first), each the same two
 // m16n8k8 steps. So a row's bits (a block's, for per-block weight gradients) do not depend on how many rows or
-// blocks a rank has. The tile shape is chosen from the GEMM's fixed dimensions (never the rows or the batch
-// count), so every rank runs the same kernel for the same kind of GEMM anyway.
+// blocks a rank has, nor on the tile shape, which may then follow the rows (test_mlp checks both on the GPU).
 //
 // What runs here: float; op(A) op(B) as N N (forward: rows x weights), N T (delta: rows x weights^T) or T N
 // (per-block weight gradients: rows^T x deltas); the contiguous dimension of A and B a multiple of 4 elements,
@@ -145,10 +144,13 @@ void launch(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Source
 using Row = cutlass::layout::RowMajor;
 using Col = cutlass::layout::ColumnMajor;
 
-// Rows x weights (op N N or N T) with epilogue E: the tile from n only.
+// Rows x weights (op N N or N T) with epilogue E: small tiles for fewer rows than fill the GPU with large ones
+// (a mini-batch), else the tile from n.
 template <class LayoutB, Epi E>
 void rows_kernel(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Source& src, Activation act) {
-  if (g.n >= 128) {
+  if (g.m < 16384) {
+    launch<Kernel<Row, LayoutB, 4, 64, 64, 32, 32, 3, E>>(space, g, src, act);
+  } else if (g.n >= 128) {
     launch<Kernel<Row, LayoutB, 4, 128, 128, 32, 64, 4, E>>(space, g, src, act);
   } else {
     launch<Kernel<Row, LayoutB, 4, 128, 64, 64, 32, 4, E>>(space, g, src, act);
