@@ -707,6 +707,33 @@ void check_rows_and_blocks_independent(dpmlp::linalg::Backend backend) {
     const std::size_t at = 1 + std::size_t(b) * (in * out + 3);
     CHECK(std::memcmp(h1.data() + at, h2.data() + at, sizeof(float) * in * out) == 0);
   }
+  // More blocks than one launch's grid takes (65535): the same bits as each block alone.
+  const int many = 70000, rows8 = 8, w4 = 4;
+  Kokkos::View<float*, Memory> xm("xm", many * rows8 * w4), dm("dm", many * rows8 * w4), gm("gm", many * w4 * w4),
+      g1m("g1m", w4 * w4);
+  dpmlp::random::normal(Space(), dpmlp::random::PRNGKey(10), xm, 0);
+  dpmlp::random::normal(Space(), dpmlp::random::PRNGKey(11), dm, 0);
+  dpmlp::linalg::BatchedGemm<float> gb;
+  gb.op_a = Op::T;
+  gb.m = w4, gb.n = w4, gb.k = rows8;
+  gb.a = xm.data(), gb.lda = w4, gb.stride_a = rows8 * w4;
+  gb.b = dm.data(), gb.ldb = w4, gb.stride_b = rows8 * w4;
+  gb.c = gm.data(), gb.ldc = w4, gb.stride_c = w4 * w4;
+  gb.batch = many;
+  gb.blocks = true;
+  dpmlp::linalg::gemm(Space(), backend, gb);
+  auto hm = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), gm);
+  for (int b : {0, 65534, 65535, 69999}) {
+    auto one = gb;
+    one.batch = 1;
+    one.a = xm.data() + std::int64_t(b) * rows8 * w4;
+    one.b = dm.data() + std::int64_t(b) * rows8 * w4;
+    one.c = g1m.data();
+    dpmlp::linalg::gemm(Space(), backend, one);
+    auto h1 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), g1m);
+    INFO("block " << b << " of " << many);
+    CHECK(std::memcmp(hm.data() + std::size_t(b) * w4 * w4, h1.data(), sizeof(float) * w4 * w4) == 0);
+  }
 }
 }  // namespace
 #endif

@@ -121,8 +121,32 @@ struct Source {
   std::int64_t ld = 0, stride = 0;
 };
 
+// A batch runs on the grid's z dimension, at most 65535 entries a launch: longer batches go in chunks (the
+// entries are independent, so chunking changes no bits, and what runs here never depends on the batch count).
+template <class K>
+void launch_chunk(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Source& src, Activation act);
+
 template <class K>
 void launch(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Source& src, Activation act) {
+  constexpr std::int64_t most = 65535;
+  if (g.batch <= most) {
+    launch_chunk<K>(space, g, src, act);
+    return;
+  }
+  for (std::int64_t first = 0; first < g.batch; first += most) {
+    BatchedGemm<float> part = g;
+    part.batch = g.batch - first < most ? g.batch - first : most;
+    part.a = g.a + first * g.stride_a;
+    part.b = g.b + first * g.stride_b;
+    part.c = g.c + first * g.stride_c;
+    Source s = src;
+    if (s.ptr != nullptr) s.ptr += first * s.stride;
+    launch_chunk<K>(space, part, s, act);
+  }
+}
+
+template <class K>
+void launch_chunk(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Source& src, Activation act) {
   using Gemm = typename K::Gemm;
   typename Gemm::Arguments args(cutlass::gemm::GemmUniversalMode::kBatched, cutlass::gemm::GemmCoord(g.m, g.n, g.k),
                                 static_cast<int>(g.batch), K::Epilogue::params(g.alpha, g.beta, act), g.a, g.b,
@@ -174,7 +198,7 @@ inline bool takes(const BatchedGemm<float>& g, const Epilogue& e = Epilogue()) {
   using detail::Epi;
   const bool a_t = g.op_a == Op::T, b_t = g.op_b == Op::T;
   if ((a_t && b_t) || (g.blocks && !(a_t && !b_t))) return false;
-  if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0 || g.batch > 65535) return false;
+  if (g.m <= 0 || g.n <= 0 || g.k <= 0 || g.batch <= 0) return false;
   // The contiguous dimension of each operand: k for row-major A (op N), m for A stored k x m (op T); n for
   // row-major B, k for B stored n x k (op T).
   const int a_contig = a_t ? g.m : g.k, b_contig = b_t ? g.k : g.n;
