@@ -41,7 +41,7 @@ ALL_ROWS=(
   "deep64_f64|--widths 32,64,64,64,1 --rows 1048576 --precision double|--graph|45|150"
   "deep128x4_4out|--widths 32,128,128,128,128,4 --rows 1048576|--graph|40|150"
   "deep256|--widths 32,256,256,256,1 --rows 1048576|--graph|40|150"
-  "deep256_adam|--widths 32,256,256,256,1 --rows 1048576 --optimizer adam||40|150"
+  "deep256_adam|--widths 32,256,256,256,1 --rows 1048576 --optimizer adam|--graph|40|150"
   "epoch_deep256|--widths 32,256,256,256,1 --rows 1048576 --mode epoch --batch 4096|--graph|40|150"
 )
 declare -A SUBSETS=(

@@ -31,8 +31,10 @@ double worst_against_torch(const Optimizer& opt, const json_lite::Value& ref, co
   std::vector<Scalar> p(n), state(opt.state_size(n), Scalar(0));
   for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<Scalar>(ref["initial"][i].as_double());
   double worst = 0;
+  double scalars[dpmlp::step_scalars] = {};
   for (std::size_t t = 0; t < ref["grads"].size(); ++t) {
-    const auto update = opt.template step<Scalar>(static_cast<std::int64_t>(t + 1));
+    if (opt.per_step()) opt.prepare(static_cast<std::int64_t>(t + 1), scalars);
+    const auto update = opt.template step<Scalar>(scalars);
     for (std::size_t i = 0; i < n; ++i) {
       update(static_cast<std::int64_t>(i), static_cast<std::int64_t>(n), p.data(),
              static_cast<Scalar>(ref["grads"][t][i].as_double()), state.data());
@@ -56,21 +58,43 @@ TEST_CASE("optimizers: the parameters PyTorch's torch.optim gives, step by step"
     const std::string name = cs["name"].as_string();
     const auto& s = cs["settings"];
     INFO("case " << name);
-    if (name == "sgd" || name == "sgd_momentum") {
-      const dpmlp::Sgd opt(s["lr"].as_double(), name == "sgd" ? 0.0 : s["momentum"].as_double());
+    dpmlp::LrSchedule schedule;
+    if (cs.contains("schedule")) {
+      const auto& sc = cs["schedule"];
+      const std::string kind = sc["kind"].as_string();
+      if (kind == "step_decay") {
+        schedule = dpmlp::LrSchedule::step_decay(static_cast<std::int64_t>(sc["step_size"].as_double()),
+                                                 sc["gamma"].as_double());
+      } else if (kind == "exponential") {
+        schedule = dpmlp::LrSchedule::exponential(sc["gamma"].as_double());
+      } else {
+        REQUIRE(kind == "cosine");
+        schedule = dpmlp::LrSchedule::cosine(static_cast<std::int64_t>(sc["t_max"].as_double()),
+                                             sc["min_factor"].as_double());
+      }
+      if (sc.contains("warmup")) {
+        schedule = schedule.with_warmup(static_cast<std::int64_t>(sc["warmup"].as_double()),
+                                        sc["warmup_start"].as_double());
+      }
+      REQUIRE_NOTHROW(schedule.validate("test"));
+    }
+    if (name.rfind("sgd", 0) == 0) {
+      const dpmlp::Sgd opt(s["lr"].as_double(), s.contains("momentum") ? s["momentum"].as_double() : 0.0, schedule);
+      CHECK(opt.per_step() == !schedule.is_constant());
       CHECK(worst_against_torch<double>(opt, ref, cs["after"]) < 1e-12);
       CHECK(worst_against_torch<float>(opt, ref, cs["after"]) < 1e-6);
     } else {
-      dpmlp::Adam opt(s["lr"].as_double());
+      dpmlp::Adam opt(s["lr"].as_double(), schedule);
       opt.beta1 = s["betas"][0].as_double();
       opt.beta2 = s["betas"][1].as_double();
       opt.epsilon = s["eps"].as_double();
+      if (name.rfind("adamw", 0) == 0) opt.weight_decay = s["weight_decay"].as_double();
       CHECK(worst_against_torch<double>(opt, ref, cs["after"]) < 1e-12);
       CHECK(worst_against_torch<float>(opt, ref, cs["after"]) < 1e-6);
     }
     ++checked;
   }
-  CHECK(checked == 4);
+  CHECK(checked == 9);
 }
 
 namespace {

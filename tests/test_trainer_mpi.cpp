@@ -62,6 +62,60 @@ TEST_CASE("reproducible: deeper models, tanh, momentum and Adam, same bits", "[t
   }
 }
 
+TEST_CASE("schedules and AdamW: same bits at any rank count; the update count carries across train() calls",
+          "[trainer][optim]") {
+  const Problem p = deeper_problem();
+  dpmlp::TrainerOptions opt;
+  opt.block_rows = 32;
+  dpmlp::AdamW adamw(0.01, 0.1, dpmlp::LrSchedule::cosine(10, 0.1).with_warmup(3, 0.2));
+  {
+    const auto multi = train<dpmlp::MpiCommunicator, dpmlp::AdamW>(MPI_COMM_WORLD, p, 8, opt, adamw);
+    const auto single = train_alone<dpmlp::MpiCommunicator, dpmlp::AdamW>(p, 8, opt, adamw);
+    CHECK(max_abs_diff(multi.params, single.params) == 0.0);
+    CHECK(multi.result.last_loss < multi.result.first_loss);
+    // The schedule and the decay change the run.
+    const auto plain = train<dpmlp::MpiCommunicator, dpmlp::Adam>(MPI_COMM_WORLD, p, 8, opt, dpmlp::Adam(0.01));
+    CHECK(max_abs_diff(multi.params, plain.params) > 0.0);
+  }
+  // 8 updates in one call against 3 + 5 in two calls of the same trainer (the count restarts from steps_done()).
+  const auto whole = train<dpmlp::MpiCommunicator, dpmlp::AdamW>(MPI_COMM_WORLD, p, 8, opt, adamw);
+  {
+    dpmlp::Mlp<float, Memory> model(p.widths, p.activation);
+    model.init_jax(dpmlp::random::PRNGKey(p.seed + 1), 0.3f);
+    dpmlp::DataParallelTrainer<Space, dpmlp::MpiCommunicator, dpmlp::AdamW> trainer(MPI_COMM_WORLD, model, p.rows,
+                                                                                   adamw, opt);
+    Matrix x, y;
+    draw_rows(p, trainer.shard().first_row, trainer.shard().rows(), x, y);
+    trainer.set_data(x, y);
+    trainer.train(3);
+    trainer.train(5);
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params());
+    CHECK(std::memcmp(whole.params.data(), h.data(), whole.params.size() * sizeof(float)) == 0);
+  }
+  // SGD's second update under exponential(gamma) is a constant-rate step at rate * gamma: the count reached
+  // the device's update (1 step at rate, then 1 at rate * gamma, against two runs of one step).
+  {
+    const double rate = 0.05, gamma = 0.5;
+    const auto two = train(MPI_COMM_WORLD, p, 2, opt, dpmlp::Sgd(rate, 0.0, dpmlp::LrSchedule::exponential(gamma)));
+    dpmlp::Mlp<float, Memory> model(p.widths, p.activation);
+    model.init_jax(dpmlp::random::PRNGKey(p.seed + 1), 0.3f);
+    Matrix x, y;
+    {
+      dpmlp::DataParallelTrainer<Space, dpmlp::MpiCommunicator> first(MPI_COMM_WORLD, model, p.rows, dpmlp::Sgd(rate),
+                                                                      opt);
+      draw_rows(p, first.shard().first_row, first.shard().rows(), x, y);
+      first.set_data(x, y);
+      first.train(1);
+    }
+    dpmlp::DataParallelTrainer<Space, dpmlp::MpiCommunicator> second(MPI_COMM_WORLD, model, p.rows,
+                                                                     dpmlp::Sgd(rate * gamma), opt);
+    second.set_data(x, y);
+    second.train(1);
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params());
+    CHECK(std::memcmp(two.params.data(), h.data(), two.params.size() * sizeof(float)) == 0);
+  }
+}
+
 TEST_CASE("fused and tensor engines: bitwise the one-device parameters", "[trainer][fused]") {
   struct Case {
     std::vector<int> widths;

@@ -224,9 +224,9 @@ class DataParallelTrainer {
   // of every batch into one buffer, batch after batch (on one rank a device gather; on several, one
   // all-to-all exchange of rows over MPI, every row sent once), and each step then reads only its batch's
   // rows. A batch's sums have the block tree's shape over that batch, whatever the rank count. Without
-  // callbacks, on a CUDA space with a stream-ordered communicator and an optimizer whose update does not
-  // depend on the step number, the second and later epochs of a batch size replay one captured CUDA graph of
-  // a whole epoch.
+  // callbacks, on a CUDA space with a stream-ordered communicator, the second and later epochs of a batch size
+  // replay one captured CUDA graph of a whole epoch (any optimizer and schedule: the update count lives on the
+  // device).
   //
   // Runs until `epochs` epoch ends have passed. Epochs are counted from steps_done(): epoch steps_done() /
   // steps-per-epoch, at step steps_done() % steps-per-epoch of it. So a run restored from a checkpoint
@@ -360,8 +360,8 @@ class DataParallelTrainer {
       graph_ = backend::StepGraph<ExecSpace>();
       if (epochs_) epochs_->graph = backend::StepGraph<ExecSpace>();
     }
-    host_steps_enqueued_ = 0;
     Kokkos::deep_copy(space_, loss_index_, 0);
+    Kokkos::deep_copy(space_, update_count_, steps_done_);
   }
 
   // Waits for the run, counts its steps, and checks its losses (the one divergence check: once a run).
@@ -373,7 +373,6 @@ class DataParallelTrainer {
       peer_->quiet();  // every rank has fenced its steps: no peer writes into this rank's buffer any more
     }
     auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), losses_);
-    host_steps_enqueued_ = 0;
     // A diverged run is not counted in steps_done(): it is a failed run, not progress.
     for (int s = 0; s < steps; ++s) {
       if (!std::isfinite(static_cast<double>(host(s)))) {
@@ -394,13 +393,13 @@ class DataParallelTrainer {
   bool use_graph() const {
     // The peer exchange makes any communicator's step stream-ordered: it calls no collective.
     return options_.cuda_graph && backend::StepGraph<ExecSpace>::supported && (Comm::stream_ordered || peer_) &&
-           !Optimizer::step_depends_on_t && !graph_failed_;
+           !graph_failed_;
   }
 
   // Whether train_epochs() replays a captured epoch (which uses the communicator, never the peer exchange).
   bool use_epoch_graph() const {
     return options_.cuda_graph && backend::StepGraph<ExecSpace>::supported && Comm::stream_ordered &&
-           !Optimizer::step_depends_on_t && !graph_failed_;
+           !graph_failed_;
   }
   void note_graph_failure(const std::string& failure) {
     if (failure.empty()) return;
@@ -437,7 +436,18 @@ class DataParallelTrainer {
     const auto state = state_;
     const std::int64_t P = static_cast<std::int64_t>(model_.num_params());
     const auto index = loss_index_;
-    const auto update = optimizer_.template step<Scalar>(steps_done_ + 1 + host_steps_enqueued_++);
+    if (optimizer_.per_step()) {
+      // The update's number and what depends on it alone, on the device (optim.hpp).
+      const auto count = update_count_;
+      const auto scalars = step_scalars_;
+      const Optimizer opt = optimizer_;
+      Kokkos::parallel_for(
+          "dpmlp::prepare_update", Kokkos::RangePolicy<ExecSpace>(space_, 0, 1), KOKKOS_LAMBDA(const int) {
+            count() += 1;
+            opt.prepare(count(), scalars.data());
+          });
+    }
+    const auto update = optimizer_.template step<Scalar>(step_scalars_.data());
     // The optimizer update runs in the reduction's last kernel, column by column.
     const auto apply = KOKKOS_LAMBDA(const std::int64_t i, const Scalar total) {
       if (i < P) {
@@ -797,7 +807,10 @@ class DataParallelTrainer {
   bool has_data_ = false;
   Kokkos::View<Scalar*, memory_space> losses_, state_;
   Kokkos::View<int, memory_space> loss_index_{"dpmlp::loss_index"};
-  std::int64_t host_steps_enqueued_ = 0;  // steps enqueued in this train() call (for step-dependent optimizers)
+  // The updates applied (steps_done_ at the start of a run, counted on the device during it) and the current
+  // update's per-step scalars (Optimizer::prepare).
+  Kokkos::View<std::int64_t, memory_space> update_count_{"dpmlp::update_count"};
+  Kokkos::View<double[step_scalars], memory_space> step_scalars_{"dpmlp::step_scalars"};
   bool graph_failed_ = false;
   bool engine_ready_ = false;
   std::shared_ptr<backend::PeerExchange> peer_;  // TrainerOptions::peer_exchange on two or more ranks

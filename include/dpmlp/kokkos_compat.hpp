@@ -48,6 +48,12 @@ KOKKOS_INLINE_FUNCTION bool isfinite(T x) { return kmath::isfinite(x); }
 template <class T>
 KOKKOS_INLINE_FUNCTION T tanh(T x) { return kmath::tanh(x); }
 template <class T>
+KOKKOS_INLINE_FUNCTION T pow(T x, T y) { return kmath::pow(x, y); }
+template <class T>
+KOKKOS_INLINE_FUNCTION T cos(T x) { return kmath::cos(x); }
+template <class T>
+KOKKOS_INLINE_FUNCTION T floor(T x) { return kmath::floor(x); }
+template <class T>
 KOKKOS_INLINE_FUNCTION T min(T a, T b) { return b < a ? b : a; }
 template <class T>
 KOKKOS_INLINE_FUNCTION T max(T a, T b) { return a < b ? b : a; }
