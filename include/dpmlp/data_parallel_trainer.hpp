@@ -72,6 +72,9 @@ class DataParallelTrainer {
                       const ExecSpace& space = ExecSpace())
       : comm_(comm), model_(model), optimizer_(optimizer), options_(options), space_(space) {
     MPI_Comm c = comm_.mpi_comm();
+    // First, so that every collective of this trainer has its timeout (an invalid one is refused below).
+    const bool timeout_ok = options.collective_timeout_s > 0 && std::isfinite(options.collective_timeout_s);
+    if (timeout_ok) set_collective_timeout(c, options.collective_timeout_s);
     using engine_t = detail::BlockEngine<ExecSpace, Scalar>;
     const bool reproducible = options.reduction == Reduction::reproducible;
     std::string problem;
@@ -87,6 +90,8 @@ class DataParallelTrainer {
       problem = "fewer rows (" + std::to_string(global_rows) + ") than ranks (" + std::to_string(comm_.size()) + ")";
     } else if (!(options.peer_timeout_s > 0)) {
       problem = "peer_timeout_s must be positive";
+    } else if (!timeout_ok) {
+      problem = "collective_timeout_s must be positive and finite, got " + std::to_string(options.collective_timeout_s);
     } else {
       try {
         engine_plan_ = engine_t::plan(model, options, reproducible, global_rows, comm_.size());
@@ -108,7 +113,7 @@ class DataParallelTrainer {
       // Every rank must take the same path (the exchange's kernel pairs with the peers' kernels, not with a
       // collective), so a rank that did not ask for it refuses too.
       int asked[2] = {options.peer_exchange ? 1 : 0, options.peer_exchange ? -1 : 0}, most[2] = {0, 0};
-      detail::check_mpi(MPI_Allreduce(asked, most, 2, MPI_INT, MPI_MAX, c), "MPI_Allreduce");
+      timed_allreduce(asked, most, 2, MPI_INT, MPI_MAX, c, "MPI_Allreduce (DataParallelTrainer: peer_exchange)");
       std::string why;
       if (most[0] != -most[1]) {
         why = "some ranks asked for peer_exchange and some did not";
@@ -130,7 +135,9 @@ class DataParallelTrainer {
         peer_ = backend::make_peer_exchange(c, reducer_, options.peer_timeout_s);
       }
     }
-    state_ = Kokkos::View<Scalar*, memory_space>("dpmlp::optimizer_state", optimizer.state_size(model_.num_params()));
+    all_or_none(c, [&] {
+      state_ = Kokkos::View<Scalar*, memory_space>("dpmlp::optimizer_state", optimizer.state_size(model_.num_params()));
+    });
     sync_parameters();
   }
 
@@ -347,8 +354,8 @@ class DataParallelTrainer {
     }
     // Every rank must take the same number of steps, or the collectives would not pair up.
     long long range[2] = {steps, -static_cast<long long>(steps)};
-    detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_LONG_LONG, MPI_MIN, comm_.mpi_comm()),
-                      "MPI_Allreduce");
+    timed_allreduce(MPI_IN_PLACE, range, 2, MPI_LONG_LONG, MPI_MIN, comm_.mpi_comm(),
+                    "MPI_Allreduce (DataParallelTrainer::train: the step counts)");
     if (problem.empty() && range[0] != -range[1]) {
       problem = "dpmlp::DataParallelTrainer::train: the ranks asked for different step counts (" +
                 std::to_string(range[0]) + " to " + std::to_string(-range[1]) + ")";
@@ -629,7 +636,8 @@ class DataParallelTrainer {
           for (int j = 0; j < nin; ++j) v[j] = x(r, j);
           for (int j = 0; j < nout; ++j) v[nin + j] = y(r, j);
         });
-    detail::check_mpi(MPI_Alltoall(to.data(), 1, MPI_INT64_T, from.data(), 1, MPI_INT64_T, c), "MPI_Alltoall");
+    timed_alltoall(to.data(), 1, MPI_INT64_T, from.data(), 1, MPI_INT64_T, c,
+                   "MPI_Alltoall (DataParallelTrainer::train_epochs: the row counts)");
     std::int64_t arriving = 0;
     for (int q = 0; q < R; ++q) arriving += from[q];
     const std::int64_t expected = static_cast<std::int64_t>(ex.extent(0));
@@ -654,10 +662,23 @@ class DataParallelTrainer {
     MPI_Datatype record = MPI_DATATYPE_NULL;
     detail::check_mpi(MPI_Type_contiguous(static_cast<int>(rec), MPI_BYTE, &record), "MPI_Type_contiguous");
     MPI_Type_commit(&record);
-    const int code = MPI_Alltoallv(hsend.data(), sc.data(), sd.data(), record, hrecv.data(), rc.data(), rd.data(),
-                                   record, c);
+    try {
+      // A nonblocking collective reads its buffers and its count arrays until it completes: an abandoned
+      // request keeps them (comm/timed.hpp).
+      const auto arrays = std::make_shared<std::vector<int>>();
+      for (const auto* v : {&sc, &sd, &rc, &rd}) arrays->insert(arrays->end(), v->begin(), v->end());
+      const int* a = arrays->data();
+      detail::timed(
+          c, "MPI_Alltoallv (DataParallelTrainer::train_epochs: the rows)",
+          [&](MPI_Request* r) {
+            return MPI_Ialltoallv(hsend.data(), a, a + R, record, hrecv.data(), a + 2 * R, a + 3 * R, record, c, r);
+          },
+          hsend, hrecv, arrays);
+    } catch (...) {
+      MPI_Type_free(&record);
+      throw;
+    }
     MPI_Type_free(&record);
-    detail::check_mpi(code, "MPI_Alltoallv");
     Kokkos::deep_copy(space_, es.recv, hrecv);
     const auto recv = es.recv;
     const auto mine_full = Kokkos::subview(full_bounds, me), mine_last = Kokkos::subview(last_bounds, me);
@@ -685,7 +706,7 @@ class DataParallelTrainer {
     using engine_t = detail::BlockEngine<ExecSpace, Scalar>;
     MPI_Comm c = comm_.mpi_comm();
     int group = mine.leaf_group;
-    detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &group, 1, MPI_INT, MPI_MIN, c), "MPI_Allreduce");
+    timed_allreduce(MPI_IN_PLACE, &group, 1, MPI_INT, MPI_MIN, c, "MPI_Allreduce (DataParallelTrainer: the leaf group)");
     std::string regrouped;
     if (group != mine.leaf_group) {
       EngineOptions ungrouped = options_;
@@ -699,7 +720,7 @@ class DataParallelTrainer {
     agree(c, regrouped);
     const long long key = static_cast<long long>(mine.sums_key());
     long long range[2] = {key, -key};
-    detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_LONG_LONG, MPI_MAX, c), "MPI_Allreduce");
+    timed_allreduce(MPI_IN_PLACE, range, 2, MPI_LONG_LONG, MPI_MAX, c, "MPI_Allreduce (DataParallelTrainer: the plans)");
     agree(c, range[0] == -range[1] ? std::string()
                                    : "dpmlp::DataParallelTrainer: the ranks planned different engines (this rank: " +
                                          mine.describe() + "); ask for one with TrainerOptions");
@@ -724,7 +745,7 @@ class DataParallelTrainer {
     }
     const std::uint64_t mine = digest(params);
     std::uint64_t root = mine;
-    detail::check_mpi(MPI_Bcast(&root, 1, MPI_UINT64_T, 0, comm_.mpi_comm()), "MPI_Bcast");
+    timed_bcast(&root, 1, MPI_UINT64_T, 0, comm_.mpi_comm(), "MPI_Bcast (DataParallelTrainer: rank 0's digest)");
     agree(comm_.mpi_comm(), mine == root ? std::string()
                                          : "dpmlp::DataParallelTrainer: this rank's parameters (digest " + hex16(mine) +
                                                ") differ from rank 0's (" + hex16(root) + "); refusing to train");
