@@ -70,9 +70,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "dpmlp/detail/files.hpp"
 #include "dpmlp/digest.hpp"
 #include "dpmlp/errors.hpp"
+#include "dpmlp/files.hpp"
 #include "dpmlp/kokkos_compat.hpp"
 #include "dpmlp/mlp.hpp"
 #include "dpmlp/trainer_options.hpp"

@@ -43,8 +43,8 @@
 #include <utility>
 #include <vector>
 
-#include "dpmlp/detail/files.hpp"
 #include "dpmlp/errors.hpp"
+#include "dpmlp/files.hpp"
 #include "dpmlp/random.hpp"
 
 namespace dpmlp {

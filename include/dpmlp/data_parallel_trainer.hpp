@@ -78,9 +78,11 @@ class DataParallelTrainer {
     using engine_t = detail::BlockEngine<ExecSpace, Scalar>;
     const bool reproducible = options.reduction == Reduction::reproducible;
     std::string problem;
+    // Everything before a collective that can fail on one rank (a std::bad_alloc in a plan included) is caught
+    // and agreed on: a rank that threw alone would leave the others waiting.
     try {
       optimizer.validate();
-    } catch (const InputError& e) {
+    } catch (const std::exception& e) {
       problem = e.what();
     }
     if (!problem.empty()) {
@@ -95,15 +97,15 @@ class DataParallelTrainer {
     } else {
       try {
         engine_plan_ = engine_t::plan(model, options, reproducible, global_rows, comm_.size());
-      } catch (const InputError& e) {
+      } catch (const std::exception& e) {
         problem = e.what();
       }
     }
     agree(c, problem.empty() ? problem : "dpmlp::DataParallelTrainer: " + problem);
     global_rows_ = global_rows;
     engine_plan_ = agreed_plan(engine_plan_, global_rows);
-    plan_ = BlockTreePlan(global_rows, engine_plan_.block_rows * engine_plan_.leaf_group, comm_.rank(), comm_.size());
     all_or_none(c, [&] {
+      plan_ = BlockTreePlan(global_rows, engine_plan_.block_rows * engine_plan_.leaf_group, comm_.rank(), comm_.size());
       reducer_ = BlockTreeReducer<ExecSpace, Scalar>(plan_, std::int64_t(model_.num_params()) + 1, options.reduction);
     });
     // The one-kernel engines hold only their partial sums: allocated now, as the reducer. The layered engine's
@@ -195,9 +197,15 @@ class DataParallelTrainer {
         ++s;
         note_graph_failure(graph_.capture(space_, [&] { step(); }));
       }
-      for (; s < steps && graph_.ready(); ++s) graph_.launch(space_);
+      for (; s < steps && graph_.ready(); ++s) {
+        graph_.launch(space_);
+        mark_progress();
+      }
     }
-    for (; s < steps; ++s) step();
+    for (; s < steps; ++s) {
+      step();
+      mark_progress();
+    }
     return end_run(steps);
   }
 
@@ -283,6 +291,7 @@ class DataParallelTrainer {
           }
           if (es.graph.ready()) {
             es.graph.launch(space_);
+            mark_progress();
             done += static_cast<int>(per_epoch);
             k = per_epoch;
           }
@@ -293,6 +302,7 @@ class DataParallelTrainer {
           stop = step_with_callbacks(done, [&] { epoch_step(k); }, callbacks...);
         } else {
           epoch_step(k);  // no callbacks: nothing is read back until the run ends
+          mark_progress();
         }
         ++done;
       }
@@ -321,6 +331,7 @@ class DataParallelTrainer {
     detail::call_begin_step(steps_done_ + done + 1, callbacks...);
     const auto t0 = std::chrono::steady_clock::now();
     enqueue();
+    wait_for_space("DataParallelTrainer: a step (callbacks)");
     Scalar loss = 0;
     Kokkos::deep_copy(space_, loss, Kokkos::subview(losses_, done));
     compat::fence(space_, "dpmlp::DataParallelTrainer (callbacks)");
@@ -373,7 +384,7 @@ class DataParallelTrainer {
 
   // Waits for the run, counts its steps, and checks its losses (the one divergence check: once a run).
   TrainResult end_run(int steps) {
-    compat::fence(space_, "dpmlp::DataParallelTrainer::train");
+    wait_for_space("DataParallelTrainer::train: the run's steps");
     // A peer-exchange wait that timed out (on one rank, then its peers in turn): every rank throws.
     if (peer_) {
       agree<CommError>(comm_.mpi_comm(), peer_->failure());
@@ -395,6 +406,22 @@ class DataParallelTrainer {
     r.last_loss = host(steps - 1);
     r.steps = steps;
     return r;
+  }
+
+  // Waits for everything enqueued on the space. With a stream-ordered communicator (NCCL) its collectives are
+  // there: the communicator's wait gives up after the collective timeout without progress (CommError);
+  // elsewhere a fence.
+  void wait_for_space(const char* what) {
+    if constexpr (detail::has_stream_wait<Comm, ExecSpace>::value) {
+      comm_.wait(space_, what);
+    } else {
+      (void)what;
+      compat::fence(space_, "dpmlp::DataParallelTrainer");
+    }
+  }
+  // After each enqueued step (never inside a capture): a progress mark that wait_for_space measures progress by.
+  void mark_progress() {
+    if constexpr (detail::has_stream_wait<Comm, ExecSpace>::value) comm_.mark(space_);
   }
 
   // Whether train() replays a captured step.
@@ -528,16 +555,16 @@ class DataParallelTrainer {
     EnginePlan mine;
     try {
       mine = engine_t::plan(model_, options_, options_.reduction == Reduction::reproducible, rows, comm_.size());
-    } catch (const InputError& e) {
+    } catch (const std::exception& e) {
       problem = std::string("dpmlp::DataParallelTrainer::train_epochs: ") + e.what();
     }
     agree(c, problem);
     b.plan = agreed_plan(mine, rows);
     b.rows = rows;
     const std::int64_t leaf = b.plan.block_rows * b.plan.leaf_group;
-    b.tree = BlockTreePlan(rows, leaf, comm_.rank(), comm_.size());
-    b.local_rows = b.tree.shard().rows();
     all_or_none(c, [&] {
+      b.tree = BlockTreePlan(rows, leaf, comm_.rank(), comm_.size());
+      b.local_rows = b.tree.shard().rows();
       b.engine = engine_t(model_, b.local_rows, b.plan);
       b.reducer = BlockTreeReducer<ExecSpace, Scalar>(b.tree, std::int64_t(model_.num_params()) + 1, options_.reduction);
       b.bounds = decltype(b.bounds)("dpmlp::batch_bounds", comm_.size() + 1);
@@ -588,6 +615,8 @@ class DataParallelTrainer {
   // one MPI_Alltoallv of records (position, inputs, outputs), staged through the host; the receiver places
   // each by its position, so the order of the records in the buffers does not matter.
   void exchange_epoch(const EpochOrder& order) {
+    // The copies below wait for the space: first wait, with the timeout, for the last epoch's collectives.
+    wait_for_space("DataParallelTrainer::train_epochs: the last epoch's steps");
     EpochSetup& es = *epochs_;
     MPI_Comm c = comm_.mpi_comm();
     const int R = comm_.size(), me = comm_.rank();
@@ -713,7 +742,7 @@ class DataParallelTrainer {
       ungrouped.leaf_groups = Toggle::off;
       try {
         mine = engine_t::plan(model_, ungrouped, options_.reduction == Reduction::reproducible, rows, comm_.size());
-      } catch (const InputError& e) {
+      } catch (const std::exception& e) {
         regrouped = std::string("dpmlp::DataParallelTrainer: ") + e.what();
       }
     }
@@ -740,7 +769,7 @@ class DataParallelTrainer {
     const auto params = model_.params();
     if (options_.broadcast_initial_params) {
       comm_.broadcast(space_, params, 0);
-      compat::fence(space_, "dpmlp::DataParallelTrainer::broadcast");
+      wait_for_space("DataParallelTrainer: the broadcast of rank 0's parameters");
       return;
     }
     const std::uint64_t mine = digest(params);

@@ -27,6 +27,14 @@ class CommError : public Error {
   using Error::Error;
 };
 
+// A collective waited past its timeout, or this rank learned that another rank's did (comm/timed.hpp). The
+// communicator it names is abandoned and the ranks may not all be able to act: a program should end, with
+// MPI_Abort rather than MPI_Finalize (which waits for every rank).
+class CollectiveTimeout : public CommError {
+ public:
+  using CommError::CommError;
+};
+
 // Training went wrong (a non-finite loss).
 class TrainingError : public Error {
  public:

@@ -44,8 +44,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "dpmlp/detail/files.hpp"
 #include "dpmlp/errors.hpp"
+#include "dpmlp/files.hpp"
 #include "dpmlp/kokkos_compat.hpp"
 #include "dpmlp/mlp.hpp"
 
@@ -463,8 +463,8 @@ void save_npy(const std::string& path, const T* data, const std::vector<std::siz
   if (count > 0 && data == nullptr) throw InputError(path + ": save_npy was given no data");
   const std::string tmp = path + ".tmp." + std::to_string(static_cast<long>(::getpid()));
   // What the rename would replace, and the temporary file, must be regular files (or absent).
-  detail::require_regular_or_absent(path, "");
-  detail::require_regular_or_absent(tmp, "");
+  require_regular_or_absent(path, "");
+  require_regular_or_absent(tmp, "");
   {
     File f(std::fopen(tmp.c_str(), "wb"));
     if (!f) {

@@ -7,7 +7,8 @@
 // kSpin, with sleeps growing to 1 ms, so a rank that waits long does not keep a core busy. A wait that passes
 // the communicator's timeout (collective_timeout(comm): TrainerOptions::collective_timeout_s on a trainer's
 // communicator; set_collective_timeout for any other; default_collective_timeout_s otherwise) throws
-// CommError on every rank that can still act, naming the operation and the ranks that did not arrive:
+// CollectiveTimeout (a CommError) on every rank that can still act, naming the operation and the ranks that did
+// not arrive:
 //
 //   roll call: the rank that timed out sends, point to point on the same communicator with tag kRollCallTag,
 //   the index of the collective it waits in (each rank counts the dpmlp collectives it entered on the
@@ -17,7 +18,7 @@
 //   arrive. A rank that arrives later finds the message when it enters its next collective and throws too.
 //
 // After a timeout the communicator is abandoned: its collective requests stay pending (MPI cannot cancel a
-// collective) and every later dpmlp collective on it throws CommError at once. The parameters are those after
+// collective) and every later dpmlp collective on it throws CollectiveTimeout at once. The parameters are those after
 // the last step whose collectives completed on that rank (a rank that arrives late can complete the
 // abandoned collective, and so one more step, before it learns of the timeout at its next collective). The
 // buffers of an abandoned request are kept for the rest of the process, so a late completion writes only into
@@ -182,11 +183,11 @@ inline CommWatch& enter(MPI_Comm comm, const char* what) {
       w.abandoned = std::string("dpmlp: ") + what + ": rank " + std::to_string(rank) + " arrived after rank " +
                     std::to_string(status.MPI_SOURCE) + " gave up waiting for it (collective timeout " +
                     seconds_text(w.timeout_s) + ")" + kAbandonedAdvice;
-      throw CommError(w.abandoned);
+      throw CollectiveTimeout(w.abandoned);
     }
   }
   if (!w.abandoned.empty()) {
-    throw CommError(std::string("dpmlp: ") + what + ": refused, an earlier collective failed: " + w.abandoned);
+    throw CollectiveTimeout(std::string("dpmlp: ") + what + ": refused, an earlier collective failed: " + w.abandoned);
   }
   ++w.entered;
   return w;
@@ -226,7 +227,7 @@ inline void wait(MPI_Comm comm, CommWatch& w, MPI_Request& request, const char* 
                       seconds_text(waited) + " (the collective timeout) and gave up: " + ranks_text(missing) +
                       kAbandonedAdvice;
       }
-      throw CommError(w.abandoned);
+      throw CollectiveTimeout(w.abandoned);
     }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(1000));
@@ -355,6 +356,35 @@ inline void timed_alltoall(const void* send, int send_count, MPI_Datatype send_t
         return MPI_Ialltoall(s->data(), send_count, send_type, g->data(), recv_count, recv_type, comm, r);
       },
       s, g);
+  if (out > 0) std::memcpy(recv, g->data(), out);
+}
+
+// On the root, send_counts and displs (in elements of send_type) describe the pieces of `send`; elsewhere they
+// are not read.
+inline void timed_scatterv(const void* send, const int* send_counts, const int* displs, MPI_Datatype send_type,
+                           void* recv, int recv_count, MPI_Datatype recv_type, int root, MPI_Comm comm,
+                           const char* what = "MPI_Scatterv") {
+  int size = 1, rank = 0;
+  MPI_Comm_size(comm, &size);
+  MPI_Comm_rank(comm, &rank);
+  auto arrays = std::make_shared<std::vector<int>>(2 * static_cast<std::size_t>(size), 0);
+  std::int64_t extent = 0;
+  if (rank == root) {
+    for (int r = 0; r < size; ++r) {
+      (*arrays)[r] = send_counts[r];
+      (*arrays)[size + r] = displs[r];
+      extent = std::max<std::int64_t>(extent, std::int64_t(displs[r]) + send_counts[r]);
+    }
+  }
+  const std::size_t in = detail::type_bytes(send_type, extent), out = detail::type_bytes(recv_type, recv_count);
+  const detail::Bytes s = detail::staged(send, in, in), g = detail::staged(nullptr, 0, out);
+  detail::timed(
+      comm, what,
+      [&](MPI_Request* r) {
+        return MPI_Iscatterv(s->data(), arrays->data(), arrays->data() + size, send_type, g->data(), recv_count,
+                             recv_type, root, comm, r);
+      },
+      s, g, arrays);
   if (out > 0) std::memcpy(recv, g->data(), out);
 }
 

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// dpmlp/detail/files.hpp: opening files without blocking on what is not a file.
+// dpmlp/files.hpp: opening files without blocking on what is not a file.
 //
 // fopen of a FIFO waits for the other end, and a read of a terminal or a device can wait forever: on one rank
 // of a collective program that is a hang of every rank. So dpmlp reads and writes regular files only: a
@@ -31,13 +31,15 @@ inline const char* file_kind(mode_t mode) {
   return "not a regular file";
 }
 
+}  // namespace detail
+
 // "" when `path` is a regular file (symbolic links followed) or does not exist; otherwise why it cannot be
 // one dpmlp reads or replaces: "'<path>' is a FIFO (named pipe), not a regular file".
 inline std::string regular_or_absent(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) return {};  // absent (or unreachable: the open reports why)
   if (S_ISREG(st.st_mode)) return {};
-  return "'" + path + "' is " + file_kind(st.st_mode) + ", not a regular file";
+  return "'" + path + "' is " + detail::file_kind(st.st_mode) + ", not a regular file";
 }
 
 // Throws InputError("<who>: '<path>' is a FIFO ...") unless `path` is a regular file or absent.
@@ -45,6 +47,8 @@ inline void require_regular_or_absent(const std::string& path, const std::string
   const std::string why = regular_or_absent(path);
   if (!why.empty()) throw InputError(who + why);
 }
+
+namespace detail {
 
 // fopen(path, "rb") for a regular file only, never blocking: the descriptor is opened O_NONBLOCK (a FIFO's
 // open returns at once), checked with fstat, and switched back to blocking reads. Null with errno set when
