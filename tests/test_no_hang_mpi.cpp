@@ -2,9 +2,9 @@
 // No hang, by design (docs/reliability.md): each case is a reproducer of a hang that dpmlp turns into an error
 // on every rank, in bounded time. Runs at 2 and 3 ranks (tests/CMakeLists.txt), under a ctest TIMEOUT, so a
 // regression shows as a failure rather than a stuck job:
-//   - a rank that does not arrive at a collective (it sleeps past TrainerOptions::collective_timeout_s):
-//     every other rank throws CommError naming the operation and that rank, within the timeout plus the roll
-//     call; the late rank throws CommError when it arrives;
+//   - a rank that does not arrive at a collective (it sleeps past TrainerOptions::collective_timeout_s, as a
+//     stopped or stuck rank would): every other rank throws CollectiveTimeout (a CommError) naming the
+//     operation and that rank, within the timeout plus the roll call; the late rank throws it when it arrives;
 //   - an allocation that fails on one rank only, in the trainer's constructor: an error on every rank;
 //   - a checkpoint path that is a FIFO: refused on every rank before anything opens it.
 #include <catch2/catch.hpp>
@@ -46,7 +46,7 @@ dpmlp::Mlp<float, Memory> make_model() {
 void fill(const Matrix& m, float value) { Kokkos::deep_copy(m, value); }
 
 struct Caught {
-  std::string kind;  // "CommError", "InputError", "other", "" (nothing)
+  std::string kind;  // "CollectiveTimeout", "CommError", "InputError", "other", "" (nothing)
   std::string message;
   double seconds = 0;  // how long the call took
 };
@@ -57,6 +57,8 @@ Caught caught(F&& f) {
   const auto t0 = clock_type::now();
   try {
     f();
+  } catch (const dpmlp::CollectiveTimeout& e) {
+    c = {"CollectiveTimeout", e.what()};
   } catch (const dpmlp::CommError& e) {
     c = {"CommError", e.what()};
   } catch (const dpmlp::InputError& e) {
@@ -123,7 +125,7 @@ TEST_CASE("a rank that does not arrive at a collective: CommError naming it on t
   std::printf("rank %d: %s after %.2f s: %s\n", me, c.kind.c_str(), c.seconds, c.message.c_str());
   INFO("rank " << me << " caught " << (c.kind.empty() ? "nothing" : c.kind) << " after " << c.seconds
                << " s: " << c.message);
-  CHECK(c.kind == "CommError");
+  CHECK(c.kind == "CollectiveTimeout");  // a CommError
   CHECK_THAT(c.message, Catch::Contains("MPI_Allreduce (DataParallelTrainer::train: the step counts)"));
   if (me != late) {
     CHECK_THAT(c.message, Catch::Contains("rank " + std::to_string(late) + " did not arrive"));
@@ -140,7 +142,7 @@ TEST_CASE("a rank that does not arrive at a collective: CommError naming it on t
   CHECK(trainer.steps_done() == 2);
   CHECK(dpmlp::collective_abandoned(trainer.communicator().mpi_comm()));
   const Caught again = caught([&] { trainer.train(1); });
-  CHECK(again.kind == "CommError");
+  CHECK(again.kind == "CollectiveTimeout");
   CHECK_THAT(again.message, Catch::Contains("refused, an earlier collective failed"));
   CHECK(again.seconds < 0.5);
 }
