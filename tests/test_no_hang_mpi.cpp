@@ -5,6 +5,8 @@
 //   - a rank that does not arrive at a collective (it sleeps past TrainerOptions::collective_timeout_s, as a
 //     stopped or stuck rank would): every other rank throws CollectiveTimeout (a CommError) naming the
 //     operation and that rank, within the timeout plus the roll call; the late rank throws it when it arrives;
+//   - a rank that stalls in the middle of a run: the same, and every rank keeps the parameters of the last
+//     completed step;
 //   - an allocation that fails on one rank only, in the trainer's constructor: an error on every rank;
 //   - a checkpoint path that is a FIFO: refused on every rank before anything opens it.
 #include <catch2/catch.hpp>
@@ -145,6 +147,49 @@ TEST_CASE("a rank that does not arrive at a collective: CommError naming it on t
   CHECK(again.kind == "CollectiveTimeout");
   CHECK_THAT(again.message, Catch::Contains("refused, an earlier collective failed"));
   CHECK(again.seconds < 0.5);
+}
+
+TEST_CASE("a rank that stops in the middle of a run: the parameters are those after the last completed step",
+          "[mpi][no_hang]") {
+  const int size = dpmlp_test::size(), me = dpmlp_test::rank(), late = size - 1;
+  if (size < 2) {
+    SUCCEED("needs two ranks");
+    return;
+  }
+  dpmlp::TrainerOptions options;
+  options.collective_timeout_s = 1;
+  auto model = make_model();
+  Trainer trainer(MPI_COMM_WORLD, model, kRows, dpmlp::Sgd(0.05), options);
+  Matrix x("x", trainer.shard().rows(), 4), y("y", trainer.shard().rows(), 1);
+  fill(x, 0.5f);
+  fill(y, 0.25f);
+  trainer.set_data(x, y);
+  const std::uint64_t before = dpmlp::params_digest(trainer);
+  // The late rank stalls after the second step of five (a callback that sleeps, as a stuck rank would).
+  struct Stall {
+    bool stalls;
+    bool end_step(const dpmlp::StepInfo& s) {
+      if (stalls && s.step_in_run == 2) std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+      return false;
+    }
+  } stall{me == late};
+  const Caught c = caught([&] { trainer.train(5, stall); });
+  std::printf("rank %d: %s after %.2f s: %s\n", me, c.kind.c_str(), c.seconds, c.message.c_str());
+  INFO("rank " << me << " caught " << (c.kind.empty() ? "nothing" : c.kind) << " after " << c.seconds
+               << " s: " << c.message);
+  CHECK(c.kind == "CollectiveTimeout");
+  // The reproducible reduction's allgather of the third step.
+  CHECK_THAT(c.message, Catch::Contains("MPI_Allgather (dpmlp::MpiCommunicator::allgather)"));
+  if (me != late) CHECK_THAT(c.message, Catch::Contains("rank " + std::to_string(late) + " did not arrive"));
+  // Every rank holds the parameters after the two completed steps: the same bits, not the initial ones. A
+  // failed run is not counted in steps_done().
+  const std::uint64_t after = dpmlp::params_digest(trainer);
+  CHECK(after != before);
+  std::uint64_t lo = after, hi = after;
+  MPI_Allreduce(&after, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&after, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  CHECK(lo == hi);
+  CHECK(trainer.steps_done() == 0);
 }
 
 TEST_CASE("an allocation that fails on one rank in the trainer's constructor: an error on every rank",

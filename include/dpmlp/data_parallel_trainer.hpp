@@ -93,7 +93,8 @@ class DataParallelTrainer {
     } else if (!(options.peer_timeout_s > 0)) {
       problem = "peer_timeout_s must be positive";
     } else if (!timeout_ok) {
-      problem = "collective_timeout_s must be positive and finite, got " + std::to_string(options.collective_timeout_s);
+      problem =
+          "collective_timeout_s must be positive and finite, got " + std::to_string(options.collective_timeout_s);
     } else {
       try {
         engine_plan_ = engine_t::plan(model, options, reproducible, global_rows, comm_.size());
@@ -105,7 +106,8 @@ class DataParallelTrainer {
     global_rows_ = global_rows;
     engine_plan_ = agreed_plan(engine_plan_, global_rows);
     all_or_none(c, [&] {
-      plan_ = BlockTreePlan(global_rows, engine_plan_.block_rows * engine_plan_.leaf_group, comm_.rank(), comm_.size());
+      plan_ =
+          BlockTreePlan(global_rows, engine_plan_.block_rows * engine_plan_.leaf_group, comm_.rank(), comm_.size());
       reducer_ = BlockTreeReducer<ExecSpace, Scalar>(plan_, std::int64_t(model_.num_params()) + 1, options.reduction);
     });
     // The one-kernel engines hold only their partial sums: allocated now, as the reducer. The layered engine's
@@ -138,7 +140,8 @@ class DataParallelTrainer {
       }
     }
     all_or_none(c, [&] {
-      state_ = Kokkos::View<Scalar*, memory_space>("dpmlp::optimizer_state", optimizer.state_size(model_.num_params()));
+      state_ =
+          Kokkos::View<Scalar*, memory_space>("dpmlp::optimizer_state", optimizer.state_size(model_.num_params()));
     });
     sync_parameters();
   }
@@ -735,7 +738,8 @@ class DataParallelTrainer {
     using engine_t = detail::BlockEngine<ExecSpace, Scalar>;
     MPI_Comm c = comm_.mpi_comm();
     int group = mine.leaf_group;
-    timed_allreduce(MPI_IN_PLACE, &group, 1, MPI_INT, MPI_MIN, c, "MPI_Allreduce (DataParallelTrainer: the leaf group)");
+    timed_allreduce(MPI_IN_PLACE, &group, 1, MPI_INT, MPI_MIN, c,
+                    "MPI_Allreduce (DataParallelTrainer: the leaf group)");
     std::string regrouped;
     if (group != mine.leaf_group) {
       EngineOptions ungrouped = options_;
@@ -749,7 +753,8 @@ class DataParallelTrainer {
     agree(c, regrouped);
     const long long key = static_cast<long long>(mine.sums_key());
     long long range[2] = {key, -key};
-    timed_allreduce(MPI_IN_PLACE, range, 2, MPI_LONG_LONG, MPI_MAX, c, "MPI_Allreduce (DataParallelTrainer: the plans)");
+    timed_allreduce(MPI_IN_PLACE, range, 2, MPI_LONG_LONG, MPI_MAX, c,
+                    "MPI_Allreduce (DataParallelTrainer: the plans)");
     agree(c, range[0] == -range[1] ? std::string()
                                    : "dpmlp::DataParallelTrainer: the ranks planned different engines (this rank: " +
                                          mine.describe() + "); ask for one with TrainerOptions");

@@ -187,7 +187,8 @@ inline CommWatch& enter(MPI_Comm comm, const char* what) {
     }
   }
   if (!w.abandoned.empty()) {
-    throw CollectiveTimeout(std::string("dpmlp: ") + what + ": refused, an earlier collective failed: " + w.abandoned);
+    throw CollectiveTimeout(std::string("dpmlp: ") + what + ": refused, an earlier collective failed: " +
+                            w.abandoned);
   }
   ++w.entered;
   return w;
@@ -266,7 +267,7 @@ void timed(MPI_Comm comm, const char* what, Start&& start, const Keep&... keep) 
   try {
     wait(comm, w, request, what);
   } catch (...) {
-    w.graveyard.push_back(std::make_shared<std::tuple<Keep...>>(keep...));
+    if (!w.abandoned.empty()) w.graveyard.push_back(std::make_shared<std::tuple<Keep...>>(keep...));
     throw;
   }
 }

@@ -17,7 +17,7 @@
 // ncclCommInitRank and a collective's enqueue return at once and are polled (ncclCommGetAsyncError) against the
 // collective timeout of the MPI communicator (TrainerOptions::collective_timeout_s on a trainer's). The trainer
 // waits for its space with wait(), not a fence: it polls the stream and NCCL's asynchronous error, and counts
-// progress by marks (CUDA events) recorded after each step it enqueues; with no mark passed for the timeout, or
+// progress by marks (CUDA events) recorded after every 8th step it enqueues; with no mark passed for the timeout, or
 // when another rank gave up (the roll call over MPI), it aborts the NCCL communicator (ncclCommAbort: the
 // kernels waiting for the missing rank return) and throws CollectiveTimeout naming the ranks that did not answer.
 // The communicator is then unusable; every later collective throws.
@@ -138,7 +138,8 @@ class NcclCommunicator {
       }
     }
     agree<CommError>(comm_.get(), failure);
-    timed_bcast(&id, static_cast<int>(sizeof(id)), MPI_BYTE, 0, comm_.get(), "MPI_Bcast (NcclCommunicator: the unique id)");
+    timed_bcast(&id, static_cast<int>(sizeof(id)), MPI_BYTE, 0, comm_.get(),
+                "MPI_Bcast (NcclCommunicator: the unique id)");
 
     // ncclCommInitRank waits until every rank joined: non-blocking, it is polled against the collective
     // timeout, and aborted past it. If it fails everywhere (a configuration problem, the usual case), all ranks
@@ -239,10 +240,18 @@ class NcclCommunicator {
            "ncclBroadcast");
   }
 
-  // A progress mark on the space's stream (a CUDA event; skipped during a stream capture, and while 4096 are
-  // pending): wait() counts the timeout from the last mark that passed.
+  // A progress mark on the space's stream after every kMarkEvery calls (a CUDA event; skipped during a stream
+  // capture): wait() counts the timeout from the last mark that passed. Marks are recycled once passed; the
+  // stream's launch queue bounds how many can be pending.
   void mark(const Kokkos::Cuda& space) const {
-    if (nccl_ == nullptr || marks_.size() >= 4096) return;
+    constexpr int kMarkEvery = 8;
+    if (nccl_ == nullptr || ++unmarked_ < kMarkEvery) return;
+    unmarked_ = 0;
+    while (marks_.size() >= 1024 && cudaEventQuery(marks_.front()) == cudaSuccess) {
+      spare_.push_back(marks_.front());
+      marks_.pop_front();
+    }
+    if (marks_.size() >= 1024) return;
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(space.cuda_stream(), &capture) != cudaSuccess ||
         capture != cudaStreamCaptureStatusNone) {
@@ -396,6 +405,7 @@ class NcclCommunicator {
   mutable ncclComm_t nccl_ = nullptr;  // null once aborted (after a timeout)
   mutable std::deque<cudaEvent_t> marks_;  // progress marks not yet seen to pass, oldest first
   mutable std::vector<cudaEvent_t> spare_;  // recorded marks that passed, for reuse
+  mutable int unmarked_ = 0;                // mark() calls since the last recorded mark
 };
 
 }  // namespace dpmlp
