@@ -38,7 +38,9 @@ struct TrainerOptions : EngineOptions {
   // ranks that did not arrive, and the trainer's communicator is abandoned: the parameters are those after
   // the last completed step, and the program should end (comm/timed.hpp, docs/reliability.md). Longer than
   // the longest gap between the ranks' arrivals at a collective that a healthy run can have (a rank's data
-  // loading or checkpoint writing between two collectives included).
+  // loading or checkpoint writing between two collectives included). The communicator's own set-up (its
+  // duplicate, NCCL's initialization) comes first and uses the timeout of the MPI_Comm the trainer is given
+  // (set_collective_timeout, or the same default).
   double collective_timeout_s = default_collective_timeout_s;
 };
 

@@ -387,11 +387,37 @@ class NcclCommunicator {
     nccl_ = nullptr;
   }
 
-  // ncclCommDestroy waits for the collectives still in flight (it finalizes the communicator first), so no
-  // fence is needed. It is skipped once Kokkos is finalized: the CUDA context may be going away, and a leak
-  // at exit is better than a crash or a hang there. Never throws.
+  // Finalizing waits for the collectives still in flight, so no fence is needed. The communicator is
+  // non-blocking: ncclCommFinalize is polled until it settles, for at most the collective timeout (a peer that
+  // never finishes its part would otherwise hold this destructor forever), then destroyed, or aborted if it did
+  // not settle. Skipped once Kokkos is finalized: the CUDA context may be going away, and a leak at exit is
+  // better than a crash or a hang there. Never throws.
   void release() noexcept {
-    if (nccl_ != nullptr && Kokkos::is_initialized()) (void)ncclCommDestroy(nccl_);
+    if (nccl_ != nullptr && Kokkos::is_initialized()) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 14, 0)
+      double timeout_s = default_collective_timeout_s;
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (!finalized && comm_.get() != MPI_COMM_NULL) {
+        try {
+          timeout_s = detail::watch(comm_.get()).timeout_s;
+        } catch (...) {
+        }
+      }
+      ncclResult_t state = ncclCommFinalize(nccl_);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+      while (state == ncclSuccess || state == ncclInProgress) {
+        ncclResult_t async = ncclInProgress;
+        if (ncclCommGetAsyncError(nccl_, &async) != ncclSuccess) async = ncclInternalError;
+        state = async;
+        if (state != ncclInProgress || std::chrono::steady_clock::now() >= until) break;
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      (void)(state == ncclSuccess ? ncclCommDestroy(nccl_) : ncclCommAbort(nccl_));
+#else
+      (void)ncclCommDestroy(nccl_);
+#endif
+    }
     nccl_ = nullptr;
     if (Kokkos::is_initialized()) {
       for (cudaEvent_t e : marks_) (void)cudaEventDestroy(e);
