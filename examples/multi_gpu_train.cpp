@@ -108,7 +108,7 @@ RunResult run(MPI_Comm comm, const Options& o, bool timed) {
   ExecSpace space;
 
   RunResult result;
-  MPI_Barrier(comm);
+  dpmlp::timed_barrier(comm, "MPI_Barrier (multi_gpu_train: before the data)");
   const auto data = seed::make(space, trainer.shard(), o.cols);
   result.prep_ms = data.prep_ms;
   result.engine = trainer.engine();
@@ -125,7 +125,7 @@ RunResult run(MPI_Comm comm, const Options& o, bool timed) {
     warm.set_data(x, y);
     warm.train(o.warmup);
   }
-  MPI_Barrier(comm);
+  dpmlp::timed_barrier(comm, "MPI_Barrier (multi_gpu_train: before the timed run)");
   const double t0 = seed::now_ms();
   result.losses = trainer.train(o.steps);
   result.train_ms = seed::now_ms() - t0;
@@ -154,16 +154,23 @@ int main_with(const Options& o) {
   MPI_Comm self = MPI_COMM_NULL;
   MPI_Comm_split(MPI_COMM_WORLD, rank == 0 ? 0 : MPI_UNDEFINED, 0, &self);
   double ref[3] = {0, 0, 0};  // first loss, last loss, max |dparam|
+  // The reference can fail on rank 0 alone (all rows on one device may not fit): every rank learns it.
+  std::string failure;
   if (rank == 0) {
-    const RunResult single = run<Comm>(self, o, false);
-    ref[0] = single.losses.first_loss;
-    ref[1] = single.losses.last_loss;
-    for (std::size_t i = 0; i < multi.params.size(); ++i) {
-      ref[2] = std::max(ref[2], static_cast<double>(std::fabs(multi.params[i] - single.params[i])));
+    try {
+      const RunResult single = run<Comm>(self, o, false);
+      ref[0] = single.losses.first_loss;
+      ref[1] = single.losses.last_loss;
+      for (std::size_t i = 0; i < multi.params.size(); ++i) {
+        ref[2] = std::max(ref[2], static_cast<double>(std::fabs(multi.params[i] - single.params[i])));
+      }
+    } catch (const std::exception& e) {
+      failure = std::string("the one-device reference run failed: ") + e.what();
     }
     MPI_Comm_free(&self);
   }
-  MPI_Bcast(ref, 3, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  dpmlp::agree<dpmlp::InputError>(MPI_COMM_WORLD, failure);
+  dpmlp::timed_bcast(ref, 3, MPI_DOUBLE, 0, MPI_COMM_WORLD, "MPI_Bcast (multi_gpu_train: the reference)");
 
   const double first = multi.losses.first_loss, last = multi.losses.last_loss;
   const bool agrees = std::fabs(last - ref[1]) <= 1e-3 * std::max(1.0, std::fabs(ref[1]));
@@ -223,6 +230,11 @@ int main(int argc, char* argv[]) {
       dpmlp::initialize_kokkos_for_rank(MPI_COMM_WORLD);
       code = main_checked(o);
     }
+  } catch (const dpmlp::CollectiveTimeout& e) {
+    // Some rank may never reach MPI_Finalize: end every process now.
+    std::fprintf(stderr, "multi_gpu_train: error (rank %d): %s\n", rank, e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 2);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "multi_gpu_train: error (rank %d): %s\n", rank, e.what());
     code = 2;

@@ -6,7 +6,7 @@
 // What it does:
 //   1. Rank 0 reads DATA.csv (dpmlp/csv.hpp: a header row, then numbers only) and splits its rows into train
 //      and test with dpmlp::split_rows(rows, F, K): deterministic for a seed, whatever the rank count.
-//      Only rank 0 needs the file; each rank receives only its rows (MPI_Scatterv).
+//      Only rank 0 needs the file; each rank receives only its rows (MPI_Scatterv, with dpmlp's timeout).
 //   2. Every column but the target is a feature. Features and target are standardized per column
 //      (Standardizer column mode), with statistics fitted on the training rows of all ranks together and
 //      applied to the test rows. Any finite data give finite statistics; a value that would not be finite
@@ -159,9 +159,9 @@ struct Layout {
 
 void broadcast_string(std::string& s, MPI_Comm comm) {
   long long n = static_cast<long long>(s.size());
-  MPI_Bcast(&n, 1, MPI_LONG_LONG, 0, comm);
+  dpmlp::timed_bcast(&n, 1, MPI_LONG_LONG, 0, comm, "MPI_Bcast (train_csv: a column name's length)");
   s.resize(static_cast<std::size_t>(n));
-  if (n > 0) MPI_Bcast(&s[0], static_cast<int>(n), MPI_CHAR, 0, comm);
+  if (n > 0) dpmlp::timed_bcast(&s[0], static_cast<int>(n), MPI_CHAR, 0, comm, "MPI_Bcast (train_csv: a column name)");
 }
 
 // Rank 0 sends each rank the rows `order[first_r .. end_r)` of `table` (every column, then the row's line
@@ -173,7 +173,8 @@ HostMatrix scatter_rows(MPI_Comm comm, const dpmlp::CsvTable* table, const std::
   MPI_Comm_size(comm, &size);
   long long mine[2] = {first, end};
   std::vector<long long> ranges(2 * static_cast<std::size_t>(size));
-  MPI_Gather(mine, 2, MPI_LONG_LONG, ranges.data(), 2, MPI_LONG_LONG, 0, comm);
+  dpmlp::timed_gather(mine, 2, MPI_LONG_LONG, ranges.data(), 2, MPI_LONG_LONG, 0, comm,
+                      "MPI_Gather (train_csv: the ranks' row ranges)");
   std::vector<int> counts(size, 0), displs(size, 0);
   std::vector<double> packed;
   std::string problem;
@@ -203,8 +204,9 @@ HostMatrix scatter_rows(MPI_Comm comm, const dpmlp::CsvTable* table, const std::
   }
   dpmlp::agree(comm, problem);
   HostMatrix local("rows", static_cast<std::size_t>(end - first), static_cast<std::size_t>(cols) + 1);
-  MPI_Scatterv(packed.data(), counts.data(), displs.data(), MPI_DOUBLE, local.data(),
-               static_cast<int>((end - first) * (cols + 1)), MPI_DOUBLE, 0, comm);
+  dpmlp::timed_scatterv(packed.data(), counts.data(), displs.data(), MPI_DOUBLE, local.data(),
+                        static_cast<int>((end - first) * (cols + 1)), MPI_DOUBLE, 0, comm,
+                        "MPI_Scatterv (train_csv: the rows)");
   return local;
 }
 
@@ -298,6 +300,8 @@ int run(const Options& o, const Optimizer& optimizer, int devices) {
     L.n_test = static_cast<long long>(split.test.size());
     L.columns = table.columns;
     if (!o.write_split.empty()) {
+      // A FIFO here would block fopen on rank 0 while the others wait.
+      dpmlp::require_regular_or_absent(o.write_split, "--write-split: ");
       std::FILE* f = std::fopen(o.write_split.c_str(), "w");
       if (!f) throw dpmlp::InputError("--write-split " + o.write_split + ": cannot open for writing");
       std::fprintf(f, "row,set\n");
@@ -308,7 +312,7 @@ int run(const Options& o, const Optimizer& optimizer, int devices) {
     }
   });
   long long meta[5] = {L.rows, L.n_train, L.n_test, L.cols, L.target};
-  MPI_Bcast(meta, 5, MPI_LONG_LONG, 0, comm);
+  dpmlp::timed_bcast(meta, 5, MPI_LONG_LONG, 0, comm, "MPI_Bcast (train_csv: the data set's shape)");
   L.rows = meta[0];
   L.n_train = meta[1];
   L.n_test = meta[2];
@@ -332,8 +336,12 @@ int run(const Options& o, const Optimizer& optimizer, int devices) {
   const int epochs = static_cast<int>(epochs_ll);
 
   // ---- 2. the trainer (it decides the shards), then each rank's rows
-  dpmlp::Mlp<float, Memory> model({features, o.hidden, 1});
-  model.init_jax(dpmlp::random::PRNGKey(o.seed), 0.1f);
+  // The model's allocation can fail on one rank alone (a rank with less free memory): every rank learns it.
+  dpmlp::Mlp<float, Memory> model;
+  dpmlp::all_or_none(comm, [&] {
+    model = dpmlp::Mlp<float, Memory>({features, o.hidden, 1});
+    model.init_jax(dpmlp::random::PRNGKey(o.seed), 0.1f);
+  });
   dpmlp::DataParallelTrainer<ExecSpace, dpmlp::default_communicator_t<ExecSpace>, Optimizer> trainer(
       comm, model, L.n_train, optimizer);
   const dpmlp::Shard shard = trainer.shard();
@@ -409,7 +417,7 @@ int run(const Options& o, const Optimizer& optimizer, int devices) {
   // ---- 4. train (resuming from the checkpoint if there is one)
   int exists = 0;
   if (rank == 0 && !o.checkpoint.empty()) exists = access(o.checkpoint.c_str(), F_OK) == 0 ? 1 : 0;
-  MPI_Bcast(&exists, 1, MPI_INT, 0, comm);
+  dpmlp::timed_bcast(&exists, 1, MPI_INT, 0, comm, "MPI_Bcast (train_csv: whether the checkpoint exists)");
   if (exists) dpmlp::load_checkpoint(trainer, o.checkpoint);
   if (rank == 0) {
     std::printf("# train_csv: %s: %lld rows, %d features, target '%s'; train %lld rows, test %lld (seed %llu)\n",
@@ -450,7 +458,7 @@ int run(const Options& o, const Optimizer& optimizer, int devices) {
   // ---- 5. the errors, in the target's original units
   double sums[2] = {sum_squared_error(model, fx_train, y_train, y_mean, y_scale),
                     sum_squared_error(model, fx_test, y_test, y_mean, y_scale)};
-  MPI_Allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, comm);
+  dpmlp::timed_allreduce(MPI_IN_PLACE, sums, 2, MPI_DOUBLE, MPI_SUM, comm, "MPI_Allreduce (train_csv: the errors)");
   if (rank == 0) {
     const std::string train_mse = scaled_mse(sums[0] / static_cast<double>(L.n_train), y_scale);
     if (L.n_test > 0) {
@@ -491,6 +499,11 @@ int main(int argc, char* argv[]) {
       dpmlp::initialize_kokkos_for_rank(MPI_COMM_WORLD);
       code = train_csv::main_checked(o);
     }
+  } catch (const dpmlp::CollectiveTimeout& e) {
+    // Some rank may never reach MPI_Finalize: end every process now.
+    std::fprintf(stderr, "train_csv: error (rank %d): %s\n", rank, e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 2);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_csv: error (rank %d): %s\n", rank, e.what());
     code = 2;

@@ -8,6 +8,7 @@
 #     with the file and line number, exit code 2; so is --epochs 0;
 #   - mini-batches (--batch 64 --epochs 60) also reach the noise level, and 30 + 30 epochs through
 #     --checkpoint end with the same numbers as 60 epochs in one go;
+#   - a FIFO as the data file, the checkpoint or --write-split is refused on both ranks, without blocking;
 #   - extreme but finite data: a feature or the target in units of 1e200 trains as linear.csv does; a 1e300 in
 #     a test row is refused on every rank, naming its line; --hidden past 2048 and a --rate of -0 are refused
 #     before any training; a byte order mark before the header is skipped, an ESC in a name shown as '?';
@@ -245,6 +246,40 @@ string(JOIN "\n" big_test ${csv_lines})
 expect_refusal(big_test.csv "${big_test}\n"
                "rank 1: dpmlp::Standardizer::transform_columns: column 1 \\('x1'\\), line ${last_line} of [^\n]*big_test\\.csv \\(a test row\\): the value 1e\\+300 standardized \\(mean [^)]*\\) is not finite in float"
                --seed 3 --progress off)
+
+# ---- no hang: a FIFO as the data file, the checkpoint or --write-split is refused on both ranks before anything
+# opens it (rank 0 would block in fopen while rank 1 waits); a run that hangs fails at the TIMEOUT instead.
+find_program(MKFIFO mkfifo)
+if(MKFIFO)
+  file(REMOVE "${WORK}/fifo.csv" "${WORK}/fifo.ckpt" "${WORK}/fifo_split.csv")
+  execute_process(COMMAND ${MKFIFO} "${WORK}/fifo.csv" "${WORK}/fifo.ckpt" "${WORK}/fifo_split.csv"
+                  RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "mkfifo failed: ${rc}")
+  endif()
+  foreach(case "fifo.csv|${WORK}/fifo.csv;--steps;1"
+               "fifo.ckpt|${WORK}/linear.csv;--steps;1;--checkpoint;${WORK}/fifo.ckpt"
+               "fifo_split.csv|${WORK}/linear.csv;--steps;1;--write-split;${WORK}/fifo_split.csv")
+    string(REPLACE "|" ";" parts "${case}")
+    list(GET parts 0 name)
+    list(REMOVE_AT parts 0)
+    string(TIMESTAMP t0 "%s")
+    execute_process(COMMAND ${MPIEXEC} -np 2 ${MPIFLAGS} ${EXE} ${parts} --allow-cpu-devices --target y
+                    --progress off OUTPUT_VARIABLE out ERROR_VARIABLE err RESULT_VARIABLE rc TIMEOUT 60)
+    string(TIMESTAMP t1 "%s")
+    math(EXPR seconds "${t1} - ${t0}")
+    if(NOT rc EQUAL 2)
+      message(FATAL_ERROR "${name} (a FIFO): expected exit 2, got '${rc}' after ${seconds} s\n${out}\n${err}")
+    endif()
+    foreach(r 0 1)
+      if(NOT err MATCHES "train_csv: error \\(rank ${r}\\): [^\n]*${name}' is a FIFO \\(named pipe\\), not a regular file")
+        message(FATAL_ERROR "${name} (a FIFO): rank ${r} did not report it:\n${err}")
+      endif()
+    endforeach()
+    message(STATUS "${name}, a FIFO: refused on both ranks in ${seconds} s")
+  endforeach()
+  file(REMOVE "${WORK}/fifo.csv" "${WORK}/fifo.ckpt" "${WORK}/fifo_split.csv")
+endif()
 
 # ---- without --allow-cpu-devices: on a CPU build the refusal and exit 77; on a GPU build (DEVICE_BUILD, run
 # on a machine with 2 GPUs) a run on the GPUs

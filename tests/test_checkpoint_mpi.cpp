@@ -524,9 +524,9 @@ TEST_CASE("save refuses an unwritable path on every rank and leaves nothing behi
       if (dpmlp_test::rank() == 0) fs::permissions(locked, fs::perms::owner_all);
     }
   }
-  SECTION("the path is a directory (the rename fails; the temporary file is removed)") {
+  SECTION("the path is a directory (refused before a temporary file is made)") {
     if (dpmlp_test::rank() == 0) fs::create_directory(dir.file("taken"));
-    refused(dir.file("taken"), {"cannot rename"});
+    refused(dir.file("taken"), {"rank 0: ", "taken' is a directory, not a regular file"});
   }
   SECTION("an empty path") { refused("", {"empty"}); }
   SECTION("a save over an existing checkpoint replaces it") {

@@ -195,7 +195,7 @@ class EarlyStopping {
     bool stop = wait_ >= patience_;
     if (comm_ != MPI_COMM_NULL) {
       int mine = stop ? 1 : 0, any = 0;
-      detail::check_mpi(MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_LOR, comm_), "MPI_Allreduce");
+      timed_allreduce(&mine, &any, 1, MPI_INT, MPI_LOR, comm_, "MPI_Allreduce (dpmlp::EarlyStopping)");
       stop = any != 0;
     }
     if (stop) stopped_step_ = s.step;

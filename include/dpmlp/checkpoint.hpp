@@ -72,6 +72,7 @@
 
 #include "dpmlp/digest.hpp"
 #include "dpmlp/errors.hpp"
+#include "dpmlp/files.hpp"
 #include "dpmlp/kokkos_compat.hpp"
 #include "dpmlp/mlp.hpp"
 #include "dpmlp/trainer_options.hpp"
@@ -366,8 +367,13 @@ void write_file(const Trainer& t, const std::string& path) {
   const auto params = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), t.model().params());
   const auto state = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), t.optimizer_state());
 
+  // What the rename would replace, and the temporary file, must be regular files (or absent): a FIFO there
+  // would block the open, or be replaced without a word.
+  require_regular_or_absent(path, who);
   remove_stale_temporaries(path);
-  TempFile tmp(temporary_name(path, static_cast<long long>(::getpid())));
+  const std::string tmp_name = temporary_name(path, static_cast<long long>(::getpid()));
+  require_regular_or_absent(tmp_name, who);
+  TempFile tmp(tmp_name);
   if (!tmp.get()) {
     throw InputError(who + "cannot create '" + tmp.name() + "': " + errno_text(tmp.open_errno()));
   }
@@ -432,7 +438,8 @@ std::int64_t read_file(const Trainer& t, const std::string& path, const HostView
                        const HostView& state) {
   using Scalar = typename Trainer::scalar_type;
   const std::string what = "dpmlp::load_checkpoint: '" + path + "'";
-  std::FILE* f = std::fopen(path.c_str(), "rb");
+  // A FIFO or a device is refused before anything could block on it.
+  std::FILE* f = open_regular_for_reading(path, "dpmlp::load_checkpoint: ");
   if (!f) {
     const int code = errno;
     throw InputError(what + ": cannot open: " + errno_text(code));
@@ -569,13 +576,18 @@ std::int64_t read_file(const Trainer& t, const std::string& path, const HostView
   return h.steps;
 }
 
-// MPI_Bcast of any number of bytes (MPI counts are int).
-inline void broadcast_bytes(void* data, std::size_t bytes, int root, MPI_Comm comm) {
-  auto* p = static_cast<unsigned char*>(data);
+// MPI_Bcast of a host View's bytes, any number of them (MPI counts are int). An abandoned request keeps the
+// View (comm/timed.hpp).
+template <class HostView>
+void broadcast_bytes(const HostView& data, int root, MPI_Comm comm) {
+  auto* p = reinterpret_cast<unsigned char*>(data.data());
+  const std::size_t bytes = data.span() * sizeof(typename HostView::value_type);
   const std::size_t chunk = std::size_t(1) << 30;
   for (std::size_t first = 0; first < bytes; first += chunk) {
     const int n = static_cast<int>(std::min(chunk, bytes - first));
-    check_mpi(MPI_Bcast(p + first, n, MPI_BYTE, root, comm), "MPI_Bcast");
+    detail::timed(
+        comm, "MPI_Bcast (dpmlp::load_checkpoint: the values)",
+        [&](MPI_Request* r) { return MPI_Ibcast(p + first, n, MPI_BYTE, root, comm, r); }, data);
   }
 }
 
@@ -636,7 +648,7 @@ void load_checkpoint(Trainer& t, const std::string& path) {
   // Rank 0 validated against its own trainer; the broadcasts below also need every other rank's trainer to
   // have the same sizes (or the MPI_Bcast counts would not match).
   std::uint64_t shape[3] = {num_params, state_size, static_cast<std::uint64_t>(steps)};
-  detail::check_mpi(MPI_Bcast(shape, 3, MPI_UINT64_T, 0, comm), "MPI_Bcast");
+  timed_bcast(shape, 3, MPI_UINT64_T, 0, comm, "MPI_Bcast (dpmlp::load_checkpoint: the sizes)");
   std::string mismatch;
   if (shape[0] != num_params || shape[1] != state_size) {
     mismatch = "dpmlp::load_checkpoint: this rank's trainer has " + std::to_string(num_params) +
@@ -644,8 +656,8 @@ void load_checkpoint(Trainer& t, const std::string& path) {
                std::to_string(shape[0]) + " and " + std::to_string(shape[1]);
   }
   agree<InputError>(comm, mismatch);
-  detail::ckpt::broadcast_bytes(params.data(), num_params * sizeof(Scalar), 0, comm);
-  detail::ckpt::broadcast_bytes(state.data(), state_size * sizeof(Scalar), 0, comm);
+  detail::ckpt::broadcast_bytes(params, 0, comm);
+  detail::ckpt::broadcast_bytes(state, 0, comm);
   // Into the trainer's own Views, never replacing them: whatever holds their pointers (the model's other
   // copies, a captured CUDA graph step) sees the loaded values. deep_copy without a space argument waits for
   // the copy, so the host buffers may go when this returns.

@@ -33,6 +33,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -43,6 +44,7 @@
 #include <vector>
 
 #include "dpmlp/errors.hpp"
+#include "dpmlp/files.hpp"
 #include "dpmlp/random.hpp"
 
 namespace dpmlp {
@@ -205,13 +207,18 @@ inline CsvTable parse_csv(const std::string& text, const std::string& source) {
 }
 
 // Reads and parses `path` (the format above). InputError if it cannot be read.
+// A FIFO or a device is refused before anything could block on it.
 inline CsvTable read_csv(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot open: " + std::strerror(errno));
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) throw InputError(path + ": read error");
-  return parse_csv(buffer.str(), path);
+  std::FILE* f = detail::open_regular_for_reading(path, "");
+  if (!f) throw InputError(path + ": cannot open: " + std::strerror(errno));
+  std::string text;
+  char chunk[1 << 16];
+  std::size_t n = 0;
+  while ((n = std::fread(chunk, 1, sizeof chunk, f)) > 0) text.append(chunk, n);
+  const bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  if (failed) throw InputError(path + ": read error");
+  return parse_csv(text, path);
 }
 
 struct RowSplit {

@@ -72,12 +72,17 @@ class DataParallelTrainer {
                       const ExecSpace& space = ExecSpace())
       : comm_(comm), model_(model), optimizer_(optimizer), options_(options), space_(space) {
     MPI_Comm c = comm_.mpi_comm();
+    // First, so that every collective of this trainer has its timeout (an invalid one is refused below).
+    const bool timeout_ok = options.collective_timeout_s > 0 && std::isfinite(options.collective_timeout_s);
+    if (timeout_ok) set_collective_timeout(c, options.collective_timeout_s);
     using engine_t = detail::BlockEngine<ExecSpace, Scalar>;
     const bool reproducible = options.reduction == Reduction::reproducible;
     std::string problem;
+    // Everything before a collective that can fail on one rank (a std::bad_alloc in a plan included) is caught
+    // and agreed on: a rank that threw alone would leave the others waiting.
     try {
       optimizer.validate();
-    } catch (const InputError& e) {
+    } catch (const std::exception& e) {
       problem = e.what();
     }
     if (!problem.empty()) {
@@ -87,18 +92,22 @@ class DataParallelTrainer {
       problem = "fewer rows (" + std::to_string(global_rows) + ") than ranks (" + std::to_string(comm_.size()) + ")";
     } else if (!(options.peer_timeout_s > 0)) {
       problem = "peer_timeout_s must be positive";
+    } else if (!timeout_ok) {
+      problem =
+          "collective_timeout_s must be positive and finite, got " + std::to_string(options.collective_timeout_s);
     } else {
       try {
         engine_plan_ = engine_t::plan(model, options, reproducible, global_rows, comm_.size());
-      } catch (const InputError& e) {
+      } catch (const std::exception& e) {
         problem = e.what();
       }
     }
     agree(c, problem.empty() ? problem : "dpmlp::DataParallelTrainer: " + problem);
     global_rows_ = global_rows;
     engine_plan_ = agreed_plan(engine_plan_, global_rows);
-    plan_ = BlockTreePlan(global_rows, engine_plan_.block_rows * engine_plan_.leaf_group, comm_.rank(), comm_.size());
     all_or_none(c, [&] {
+      plan_ =
+          BlockTreePlan(global_rows, engine_plan_.block_rows * engine_plan_.leaf_group, comm_.rank(), comm_.size());
       reducer_ = BlockTreeReducer<ExecSpace, Scalar>(plan_, std::int64_t(model_.num_params()) + 1, options.reduction);
     });
     // The one-kernel engines hold only their partial sums: allocated now, as the reducer. The layered engine's
@@ -108,7 +117,7 @@ class DataParallelTrainer {
       // Every rank must take the same path (the exchange's kernel pairs with the peers' kernels, not with a
       // collective), so a rank that did not ask for it refuses too.
       int asked[2] = {options.peer_exchange ? 1 : 0, options.peer_exchange ? -1 : 0}, most[2] = {0, 0};
-      detail::check_mpi(MPI_Allreduce(asked, most, 2, MPI_INT, MPI_MAX, c), "MPI_Allreduce");
+      timed_allreduce(asked, most, 2, MPI_INT, MPI_MAX, c, "MPI_Allreduce (DataParallelTrainer: peer_exchange)");
       std::string why;
       if (most[0] != -most[1]) {
         why = "some ranks asked for peer_exchange and some did not";
@@ -130,7 +139,10 @@ class DataParallelTrainer {
         peer_ = backend::make_peer_exchange(c, reducer_, options.peer_timeout_s);
       }
     }
-    state_ = Kokkos::View<Scalar*, memory_space>("dpmlp::optimizer_state", optimizer.state_size(model_.num_params()));
+    all_or_none(c, [&] {
+      state_ =
+          Kokkos::View<Scalar*, memory_space>("dpmlp::optimizer_state", optimizer.state_size(model_.num_params()));
+    });
     sync_parameters();
   }
 
@@ -188,9 +200,15 @@ class DataParallelTrainer {
         ++s;
         note_graph_failure(graph_.capture(space_, [&] { step(); }));
       }
-      for (; s < steps && graph_.ready(); ++s) graph_.launch(space_);
+      for (; s < steps && graph_.ready(); ++s) {
+        graph_.launch(space_);
+        mark_progress();
+      }
     }
-    for (; s < steps; ++s) step();
+    for (; s < steps; ++s) {
+      step();
+      mark_progress();
+    }
     return end_run(steps);
   }
 
@@ -276,6 +294,7 @@ class DataParallelTrainer {
           }
           if (es.graph.ready()) {
             es.graph.launch(space_);
+            mark_progress();
             done += static_cast<int>(per_epoch);
             k = per_epoch;
           }
@@ -286,6 +305,7 @@ class DataParallelTrainer {
           stop = step_with_callbacks(done, [&] { epoch_step(k); }, callbacks...);
         } else {
           epoch_step(k);  // no callbacks: nothing is read back until the run ends
+          mark_progress();
         }
         ++done;
       }
@@ -314,6 +334,7 @@ class DataParallelTrainer {
     detail::call_begin_step(steps_done_ + done + 1, callbacks...);
     const auto t0 = std::chrono::steady_clock::now();
     enqueue();
+    wait_for_space("DataParallelTrainer: a step (callbacks)");
     Scalar loss = 0;
     Kokkos::deep_copy(space_, loss, Kokkos::subview(losses_, done));
     compat::fence(space_, "dpmlp::DataParallelTrainer (callbacks)");
@@ -347,8 +368,8 @@ class DataParallelTrainer {
     }
     // Every rank must take the same number of steps, or the collectives would not pair up.
     long long range[2] = {steps, -static_cast<long long>(steps)};
-    detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_LONG_LONG, MPI_MIN, comm_.mpi_comm()),
-                      "MPI_Allreduce");
+    timed_allreduce(MPI_IN_PLACE, range, 2, MPI_LONG_LONG, MPI_MIN, comm_.mpi_comm(),
+                    "MPI_Allreduce (DataParallelTrainer::train: the step counts)");
     if (problem.empty() && range[0] != -range[1]) {
       problem = "dpmlp::DataParallelTrainer::train: the ranks asked for different step counts (" +
                 std::to_string(range[0]) + " to " + std::to_string(-range[1]) + ")";
@@ -366,7 +387,7 @@ class DataParallelTrainer {
 
   // Waits for the run, counts its steps, and checks its losses (the one divergence check: once a run).
   TrainResult end_run(int steps) {
-    compat::fence(space_, "dpmlp::DataParallelTrainer::train");
+    wait_for_space("DataParallelTrainer::train: the run's steps");
     // A peer-exchange wait that timed out (on one rank, then its peers in turn): every rank throws.
     if (peer_) {
       agree<CommError>(comm_.mpi_comm(), peer_->failure());
@@ -387,6 +408,22 @@ class DataParallelTrainer {
     r.last_loss = host(steps - 1);
     r.steps = steps;
     return r;
+  }
+
+  // Waits for everything enqueued on the space. With a stream-ordered communicator (NCCL) its collectives are
+  // there: the communicator's wait gives up after the collective timeout without progress (CommError);
+  // elsewhere a fence.
+  void wait_for_space(const char* what) {
+    if constexpr (detail::has_stream_wait<Comm, ExecSpace>::value) {
+      comm_.wait(space_, what);
+    } else {
+      (void)what;
+      compat::fence(space_, "dpmlp::DataParallelTrainer");
+    }
+  }
+  // After each enqueued step (never inside a capture): a progress mark that wait_for_space measures progress by.
+  void mark_progress() {
+    if constexpr (detail::has_stream_wait<Comm, ExecSpace>::value) comm_.mark(space_);
   }
 
   // Whether train() replays a captured step.
@@ -531,16 +568,16 @@ class DataParallelTrainer {
     EnginePlan mine;
     try {
       mine = engine_t::plan(model_, options_, options_.reduction == Reduction::reproducible, rows, comm_.size());
-    } catch (const InputError& e) {
+    } catch (const std::exception& e) {
       problem = std::string("dpmlp::DataParallelTrainer::train_epochs: ") + e.what();
     }
     agree(c, problem);
     b.plan = agreed_plan(mine, rows);
     b.rows = rows;
     const std::int64_t leaf = b.plan.block_rows * b.plan.leaf_group;
-    b.tree = BlockTreePlan(rows, leaf, comm_.rank(), comm_.size());
-    b.local_rows = b.tree.shard().rows();
     all_or_none(c, [&] {
+      b.tree = BlockTreePlan(rows, leaf, comm_.rank(), comm_.size());
+      b.local_rows = b.tree.shard().rows();
       b.engine = engine_t(model_, b.local_rows, b.plan);
       b.reducer = BlockTreeReducer<ExecSpace, Scalar>(b.tree, std::int64_t(model_.num_params()) + 1, options_.reduction);
       b.bounds = decltype(b.bounds)("dpmlp::batch_bounds", comm_.size() + 1);
@@ -591,6 +628,8 @@ class DataParallelTrainer {
   // one MPI_Alltoallv of records (position, inputs, outputs), staged through the host; the receiver places
   // each by its position, so the order of the records in the buffers does not matter.
   void exchange_epoch(const EpochOrder& order) {
+    // The copies below wait for the space: first wait, with the timeout, for the last epoch's collectives.
+    wait_for_space("DataParallelTrainer::train_epochs: the last epoch's steps");
     EpochSetup& es = *epochs_;
     MPI_Comm c = comm_.mpi_comm();
     const int R = comm_.size(), me = comm_.rank();
@@ -639,7 +678,8 @@ class DataParallelTrainer {
           for (int j = 0; j < nin; ++j) v[j] = x(r, j);
           for (int j = 0; j < nout; ++j) v[nin + j] = y(r, j);
         });
-    detail::check_mpi(MPI_Alltoall(to.data(), 1, MPI_INT64_T, from.data(), 1, MPI_INT64_T, c), "MPI_Alltoall");
+    timed_alltoall(to.data(), 1, MPI_INT64_T, from.data(), 1, MPI_INT64_T, c,
+                   "MPI_Alltoall (DataParallelTrainer::train_epochs: the row counts)");
     std::int64_t arriving = 0;
     for (int q = 0; q < R; ++q) arriving += from[q];
     const std::int64_t expected = static_cast<std::int64_t>(ex.extent(0));
@@ -664,10 +704,23 @@ class DataParallelTrainer {
     MPI_Datatype record = MPI_DATATYPE_NULL;
     detail::check_mpi(MPI_Type_contiguous(static_cast<int>(rec), MPI_BYTE, &record), "MPI_Type_contiguous");
     MPI_Type_commit(&record);
-    const int code = MPI_Alltoallv(hsend.data(), sc.data(), sd.data(), record, hrecv.data(), rc.data(), rd.data(),
-                                   record, c);
+    try {
+      // A nonblocking collective reads its buffers and its count arrays until it completes: an abandoned
+      // request keeps them (comm/timed.hpp).
+      const auto arrays = std::make_shared<std::vector<int>>();
+      for (const auto* v : {&sc, &sd, &rc, &rd}) arrays->insert(arrays->end(), v->begin(), v->end());
+      const int* a = arrays->data();
+      detail::timed(
+          c, "MPI_Alltoallv (DataParallelTrainer::train_epochs: the rows)",
+          [&](MPI_Request* r) {
+            return MPI_Ialltoallv(hsend.data(), a, a + R, record, hrecv.data(), a + 2 * R, a + 3 * R, record, c, r);
+          },
+          hsend, hrecv, arrays);
+    } catch (...) {
+      MPI_Type_free(&record);
+      throw;
+    }
     MPI_Type_free(&record);
-    detail::check_mpi(code, "MPI_Alltoallv");
     Kokkos::deep_copy(space_, es.recv, hrecv);
     const auto recv = es.recv;
     const auto mine_full = Kokkos::subview(full_bounds, me), mine_last = Kokkos::subview(last_bounds, me);
@@ -695,21 +748,23 @@ class DataParallelTrainer {
     using engine_t = detail::BlockEngine<ExecSpace, Scalar>;
     MPI_Comm c = comm_.mpi_comm();
     int group = mine.leaf_group;
-    detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &group, 1, MPI_INT, MPI_MIN, c), "MPI_Allreduce");
+    timed_allreduce(MPI_IN_PLACE, &group, 1, MPI_INT, MPI_MIN, c,
+                    "MPI_Allreduce (DataParallelTrainer: the leaf group)");
     std::string regrouped;
     if (group != mine.leaf_group) {
       EngineOptions ungrouped = options_;
       ungrouped.leaf_groups = Toggle::off;
       try {
         mine = engine_t::plan(model_, ungrouped, options_.reduction == Reduction::reproducible, rows, comm_.size());
-      } catch (const InputError& e) {
+      } catch (const std::exception& e) {
         regrouped = std::string("dpmlp::DataParallelTrainer: ") + e.what();
       }
     }
     agree(c, regrouped);
     const long long key = static_cast<long long>(mine.sums_key());
     long long range[2] = {key, -key};
-    detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, range, 2, MPI_LONG_LONG, MPI_MAX, c), "MPI_Allreduce");
+    timed_allreduce(MPI_IN_PLACE, range, 2, MPI_LONG_LONG, MPI_MAX, c,
+                    "MPI_Allreduce (DataParallelTrainer: the plans)");
     agree(c, range[0] == -range[1] ? std::string()
                                    : "dpmlp::DataParallelTrainer: the ranks planned different engines (this rank: " +
                                          mine.describe() + "); ask for one with TrainerOptions");
@@ -729,12 +784,12 @@ class DataParallelTrainer {
     const auto params = model_.params();
     if (options_.broadcast_initial_params) {
       comm_.broadcast(space_, params, 0);
-      compat::fence(space_, "dpmlp::DataParallelTrainer::broadcast");
+      wait_for_space("DataParallelTrainer: the broadcast of rank 0's parameters");
       return;
     }
     const std::uint64_t mine = digest(params);
     std::uint64_t root = mine;
-    detail::check_mpi(MPI_Bcast(&root, 1, MPI_UINT64_T, 0, comm_.mpi_comm()), "MPI_Bcast");
+    timed_bcast(&root, 1, MPI_UINT64_T, 0, comm_.mpi_comm(), "MPI_Bcast (DataParallelTrainer: rank 0's digest)");
     agree(comm_.mpi_comm(), mine == root ? std::string()
                                          : "dpmlp::DataParallelTrainer: this rank's parameters (digest " + hex16(mine) +
                                                ") differ from rank 0's (" + hex16(root) + "); refusing to train");

@@ -18,6 +18,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "dpmlp/comm/timed.hpp"
 #include "dpmlp/kokkos_compat.hpp"
 
 #if defined(KOKKOS_ENABLE_CUDA)
@@ -117,8 +118,8 @@ int count_physical_devices(MPI_Comm comm, bool allow_cpu_devices, const ExecSpac
   if (is_host_space<ExecSpace>()) return allow_cpu_devices ? size : 0;
   const auto mine = detail::device_identity(space);
   std::vector<unsigned char> all(mine.size() * static_cast<std::size_t>(size));
-  MPI_Allgather(mine.data(), static_cast<int>(mine.size()), MPI_BYTE, all.data(), static_cast<int>(mine.size()),
-                MPI_BYTE, comm);
+  timed_allgather(mine.data(), static_cast<int>(mine.size()), MPI_BYTE, all.data(), static_cast<int>(mine.size()),
+                  MPI_BYTE, comm, "MPI_Allgather (dpmlp::count_physical_devices)");
   std::vector<std::string> ids;
   for (int r = 0; r < size; ++r) {
     ids.emplace_back(reinterpret_cast<const char*>(all.data()) + r * mine.size(), mine.size());

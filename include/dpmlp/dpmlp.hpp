@@ -6,6 +6,7 @@
 #include "dpmlp/version.hpp"
 #include "dpmlp/kokkos_compat.hpp"
 #include "dpmlp/errors.hpp"
+#include "dpmlp/files.hpp"
 #include "dpmlp/digest.hpp"
 #include "dpmlp/devices.hpp"
 #include "dpmlp/random.hpp"

@@ -1,53 +1,21 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // dpmlp/errors.hpp: the exceptions dpmlp throws, and how ranks agree on a failure before a collective.
 //
-// A rank that throws while the others enter a collective leaves them waiting forever. So every check that
-// can fail on one rank only (a bad shard, a file that does not open) goes through agree(): all ranks learn
-// whether any failed, and all throw the same error, carrying the first failing rank's message.
+// A rank that throws while the others enter a collective leaves them waiting (until the collective timeout,
+// comm/timed.hpp). So every check that can fail on one rank only (a bad shard, a file that does not open, an
+// allocation) goes through agree(): all ranks learn whether any failed, and all throw the same error, carrying
+// the first failing rank's message.
 #pragma once
 
 #include <mpi.h>
 
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "dpmlp/comm/timed.hpp"
+#include "dpmlp/exceptions.hpp"
+
 namespace dpmlp {
-
-// Any error dpmlp reports.
-class Error : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-// Bad input: data, shapes, options, files. The message names what is wrong and where (row, column, line).
-class InputError : public Error {
- public:
-  using Error::Error;
-};
-
-// A communication or backend failure (MPI, NCCL, CUDA).
-class CommError : public Error {
- public:
-  using Error::Error;
-};
-
-// Training went wrong (a non-finite loss).
-class TrainingError : public Error {
- public:
-  using Error::Error;
-};
-
-namespace detail {
-inline void check_mpi(int code, const char* what) {
-  if (code != MPI_SUCCESS) {
-    char text[MPI_MAX_ERROR_STRING] = {0};
-    int len = 0;
-    MPI_Error_string(code, text, &len);
-    throw CommError(std::string("dpmlp: ") + what + " failed: " + text);
-  }
-}
-}  // namespace detail
 
 // Collective. `message` is empty on a rank that is fine. If any rank has a message, every rank throws
 // ErrorT with the lowest failing rank's message (prefixed with that rank), so all stop together.
@@ -57,13 +25,13 @@ void agree(MPI_Comm comm, const std::string& message) {
   MPI_Comm_rank(comm, &rank);
   const int mine = message.empty() ? INT32_MAX : rank;
   int first = INT32_MAX;
-  detail::check_mpi(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
+  timed_allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm, "MPI_Allreduce (dpmlp::agree)");
   if (first == INT32_MAX) return;
   int length = rank == first ? static_cast<int>(message.size()) : 0;
-  detail::check_mpi(MPI_Bcast(&length, 1, MPI_INT, first, comm), "MPI_Bcast");
+  timed_bcast(&length, 1, MPI_INT, first, comm, "MPI_Bcast (dpmlp::agree)");
   std::vector<char> text(static_cast<std::size_t>(length) + 1, '\0');
   if (rank == first) message.copy(text.data(), message.size());
-  detail::check_mpi(MPI_Bcast(text.data(), length, MPI_CHAR, first, comm), "MPI_Bcast");
+  timed_bcast(text.data(), length, MPI_CHAR, first, comm, "MPI_Bcast (dpmlp::agree)");
   throw ErrorT("rank " + std::to_string(first) + ": " + std::string(text.data()));
 }
 

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "dpmlp/errors.hpp"
+#include "dpmlp/files.hpp"
 #include "dpmlp/kokkos_compat.hpp"
 #include "dpmlp/mlp.hpp"
 
@@ -323,7 +324,8 @@ namespace detail {
 namespace npy {
 
 inline File open_for_reading(const std::string& path) {
-  File f(std::fopen(path.c_str(), "rb"));
+  // A FIFO or a device is refused before anything could block on it.
+  File f(open_regular_for_reading(path, ""));
   if (!f) {
     const int code = errno;
     throw InputError(path + ": cannot open: " + errno_text(code));
@@ -460,6 +462,9 @@ void save_npy(const std::string& path, const T* data, const std::vector<std::siz
   for (std::size_t d : shape) count *= d;
   if (count > 0 && data == nullptr) throw InputError(path + ": save_npy was given no data");
   const std::string tmp = path + ".tmp." + std::to_string(static_cast<long>(::getpid()));
+  // What the rename would replace, and the temporary file, must be regular files (or absent).
+  require_regular_or_absent(path, "");
+  require_regular_or_absent(tmp, "");
   {
     File f(std::fopen(tmp.c_str(), "wb"));
     if (!f) {

@@ -125,7 +125,8 @@ class Standardizer {
       for (int c = 0; c < cols; ++c) unit[c] = std::fmax(unit[c], std::fabs(static_cast<double>(h(r, c))));
     }
     if (comm != MPI_COMM_NULL) {
-      detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, unit.data(), cols, MPI_DOUBLE, MPI_MAX, comm), "MPI_Allreduce");
+      timed_allreduce(MPI_IN_PLACE, unit.data(), cols, MPI_DOUBLE, MPI_MAX, comm,
+                      "MPI_Allreduce (dpmlp::Standardizer: the columns' largest values)");
     }
     const std::vector<double> largest = unit;  // each column's largest |x|
     for (int c = 0; c < cols; ++c) {
@@ -139,8 +140,10 @@ class Standardizer {
     }
     acc[2 * cols] = static_cast<double>(rows);
     if (comm != MPI_COMM_NULL) {
-      detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, acc.data(), cols, MPI_DOUBLE, MPI_SUM, comm), "MPI_Allreduce");
-      detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &acc[2 * cols], 1, MPI_DOUBLE, MPI_SUM, comm), "MPI_Allreduce");
+      timed_allreduce(MPI_IN_PLACE, acc.data(), cols, MPI_DOUBLE, MPI_SUM, comm,
+                      "MPI_Allreduce (dpmlp::Standardizer: the sums)");
+      timed_allreduce(MPI_IN_PLACE, &acc[2 * cols], 1, MPI_DOUBLE, MPI_SUM, comm,
+                      "MPI_Allreduce (dpmlp::Standardizer: the row count)");
     }
     const double n = acc[2 * cols];
     if (n <= 0) throw InputError("dpmlp::Standardizer::fit_columns: zero rows");
@@ -153,7 +156,8 @@ class Standardizer {
       }
     }
     if (comm != MPI_COMM_NULL) {
-      detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, &acc[cols], cols, MPI_DOUBLE, MPI_SUM, comm), "MPI_Allreduce");
+      timed_allreduce(MPI_IN_PLACE, &acc[cols], cols, MPI_DOUBLE, MPI_SUM, comm,
+                      "MPI_Allreduce (dpmlp::Standardizer: the squared deviations)");
     }
     std::vector<double> mean(cols), scale(cols);
     for (int c = 0; c < cols; ++c) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "dpmlp/comm/timed.hpp"
 #include "dpmlp/engine/options.hpp"
 #include "dpmlp/reduction.hpp"
 
@@ -31,6 +32,16 @@ struct TrainerOptions : EngineOptions {
   // With peer_exchange: a rank that waits more than this many seconds for another gives up, skips the rest of
   // the run's exchange steps, and every rank throws CommError when the run ends.
   double peer_timeout_s = 60;
+  // How long any one collective of this trainer (on its own duplicate of the communicator: the MPI ones, the
+  // agreement on errors, a fence that waits for NCCL collectives) may wait for the other ranks, in seconds;
+  // positive and finite. Past it, every rank that can still act throws CommError naming the operation and the
+  // ranks that did not arrive, and the trainer's communicator is abandoned: the parameters are those after
+  // the last completed step, and the program should end (comm/timed.hpp, docs/reliability.md). Longer than
+  // the longest gap between the ranks' arrivals at a collective that a healthy run can have (a rank's data
+  // loading or checkpoint writing between two collectives included). The communicator's own set-up (its
+  // duplicate, NCCL's initialization) comes first and uses the timeout of the MPI_Comm the trainer is given
+  // (set_collective_timeout, or the same default).
+  double collective_timeout_s = default_collective_timeout_s;
 };
 
 // The most steps a trainer counts (steps_done(), and so a checkpoint's step count): 2^62. A step count in

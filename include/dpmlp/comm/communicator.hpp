@@ -10,10 +10,16 @@
 //   void allreduce_sum(const ExecSpace&, const View& data) const;           in place
 //   void allgather(const ExecSpace&, const View& send, const View& recv) const;
 //   void broadcast(const ExecSpace&, const View& data, int root) const;
+// A stream-ordered communicator may also provide
+//   void mark(const ExecSpace&) const;                   a progress mark after each step the trainer enqueues
+//   void wait(const ExecSpace&, const char* what) const; wait for the space, giving up after the collective
+//                                                        timeout without progress (CollectiveTimeout)
+// which the trainer then uses instead of fences (detail::has_stream_wait).
 // Host-side agreement on errors always goes over MPI (errors.hpp), whatever the communicator.
 #pragma once
 
 #include <type_traits>
+#include <utility>
 
 #include "dpmlp/backend/cuda/nccl.hpp"
 #include "dpmlp/comm/mpi.hpp"
@@ -30,6 +36,16 @@ using default_communicator_t =
 template <class ExecSpace>
 using default_communicator_t = MpiCommunicator;
 #endif
+
+namespace detail {
+template <class Comm, class ExecSpace, class = void>
+struct has_stream_wait : std::false_type {};
+template <class Comm, class ExecSpace>
+struct has_stream_wait<Comm, ExecSpace,
+                       std::void_t<decltype(std::declval<const Comm&>().wait(std::declval<const ExecSpace&>(), "")),
+                                   decltype(std::declval<const Comm&>().mark(std::declval<const ExecSpace&>()))>>
+    : std::true_type {};
+}  // namespace detail
 
 template <class Comm, class = void>
 struct is_communicator : std::false_type {};

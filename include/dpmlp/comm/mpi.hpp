@@ -2,7 +2,8 @@
 // dpmlp/comm/mpi.hpp: the MPI communicator, the portable one.
 //
 // A Communicator is a policy type of DataParallelTrainer (see comm/communicator.hpp for the concept). This
-// one owns a duplicate of the MPI_Comm it is given, so dpmlp's messages never mix with the caller's.
+// one owns a duplicate of the MPI_Comm it is given, so dpmlp's messages never mix with the caller's. Its
+// collectives give up after the duplicate's collective timeout (comm/timed.hpp) with CommError.
 //
 // Device data: when the View lives where the host can read it, or MPI is CUDA-aware, MPI gets the View's
 // pointer. Otherwise the data is staged through a host mirror: fence the space, copy down, MPI, copy up.
@@ -21,6 +22,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "dpmlp/comm/timed.hpp"
 #include "dpmlp/errors.hpp"
 #include "dpmlp/kokkos_compat.hpp"
 
@@ -53,7 +55,7 @@ class OwnedComm {
   OwnedComm() = default;
   explicit OwnedComm(MPI_Comm comm) {
     if (comm == MPI_COMM_NULL) throw InputError("dpmlp: the communicator is MPI_COMM_NULL");
-    detail::check_mpi(MPI_Comm_dup(comm, &comm_), "MPI_Comm_dup");
+    comm_ = timed_dup(comm, "MPI_Comm_idup (a dpmlp communicator's duplicate)");
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
   }
@@ -79,7 +81,9 @@ class OwnedComm {
   void release() {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+    // An abandoned communicator (a collective timed out) still has requests pending that MPI cannot cancel:
+    // it is left to MPI's teardown rather than freed under them.
+    if (comm_ != MPI_COMM_NULL && !finalized && !collective_abandoned(comm_)) MPI_Comm_free(&comm_);
     comm_ = MPI_COMM_NULL;
   }
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -102,43 +106,57 @@ class MpiCommunicator {
   template <class ExecSpace, class View>
   void allreduce_sum(const ExecSpace& space, const View& data) const {
     using T = typename View::non_const_value_type;
-    with_host_data(space, data, true, [&](T* p) {
-      detail::check_mpi(MPI_Allreduce(MPI_IN_PLACE, p, count(data), mpi_type<T>(), MPI_SUM, comm_.get()),
-                        "MPI_Allreduce");
+    with_host_data(space, data, true, [&](T* p, const auto& owner) {
+      detail::timed(
+          comm_.get(), "MPI_Allreduce (dpmlp::MpiCommunicator::allreduce_sum)",
+          [&](MPI_Request* r) {
+            return MPI_Iallreduce(MPI_IN_PLACE, p, count(data), mpi_type<T>(), MPI_SUM, comm_.get(), r);
+          },
+          owner);
     });
   }
 
   // recv <- the concatenation, in rank order, of every rank's send (all of the same size).
   template <class ExecSpace, class SendView, class RecvView>
   void allgather(const ExecSpace& space, const SendView& send, const RecvView& recv) const {
-    using T = typename RecvView::non_const_value_type;
     if (recv.span() != send.span() * static_cast<std::size_t>(size())) {
       throw std::invalid_argument("dpmlp::MpiCommunicator::allgather: recv must hold size() * send.span()");
     }
     if (direct(recv)) {
       compat::fence(space, "dpmlp::MpiCommunicator::allgather");
-      detail::check_mpi(MPI_Allgather(send.data(), count(send), mpi_type<T>(), recv.data(), count(send),
-                                      mpi_type<T>(), comm_.get()),
-                        "MPI_Allgather");
+      gather(send, recv);
       return;
     }
     auto hs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), send);
     auto hr = compat::mirror_view_no_init(recv);
-    detail::check_mpi(MPI_Allgather(hs.data(), count(send), mpi_type<T>(), hr.data(), count(send), mpi_type<T>(),
-                                    comm_.get()),
-                      "MPI_Allgather");
+    gather(hs, hr);
     Kokkos::deep_copy(space, recv, hr);
   }
 
   template <class ExecSpace, class View>
   void broadcast(const ExecSpace& space, const View& data, int root) const {
     using T = typename View::non_const_value_type;
-    with_host_data(space, data, rank() == root, [&](T* p) {
-      detail::check_mpi(MPI_Bcast(p, count(data), mpi_type<T>(), root, comm_.get()), "MPI_Bcast");
+    with_host_data(space, data, rank() == root, [&](T* p, const auto& owner) {
+      detail::timed(
+          comm_.get(), "MPI_Bcast (dpmlp::MpiCommunicator::broadcast)",
+          [&](MPI_Request* r) { return MPI_Ibcast(p, count(data), mpi_type<T>(), root, comm_.get(), r); }, owner);
     });
   }
 
  private:
+  // MPI_Allgather of Views MPI can read; an abandoned request keeps them (comm/timed.hpp).
+  template <class SendView, class RecvView>
+  void gather(const SendView& send, const RecvView& recv) const {
+    using T = typename RecvView::non_const_value_type;
+    detail::timed(
+        comm_.get(), "MPI_Allgather (dpmlp::MpiCommunicator::allgather)",
+        [&](MPI_Request* r) {
+          return MPI_Iallgather(send.data(), count(send), mpi_type<T>(), recv.data(), count(send), mpi_type<T>(),
+                                comm_.get(), r);
+        },
+        send, recv);
+  }
+
   template <class View>
   static int count(const View& v) {
     if (v.span() > static_cast<std::size_t>(INT32_MAX)) {
@@ -158,19 +176,19 @@ class MpiCommunicator {
     return false;
   }
 
-  // Runs f on a host-visible pointer to data: the View itself where MPI can read it, else a mirror that is
-  // filled (when `down`) before and copied back after.
+  // Runs f(pointer, owner) on a host-visible pointer to data and the View that owns it: the View itself where
+  // MPI can read it, else a mirror that is filled (when `down`) before and copied back after.
   template <class ExecSpace, class View, class F>
   static void with_host_data(const ExecSpace& space, const View& data, bool down, F&& f) {
     if (!data.span_is_contiguous()) throw std::invalid_argument("dpmlp::MpiCommunicator: View not contiguous");
     compat::fence(space, "dpmlp::MpiCommunicator");
     if (direct(data)) {
-      f(data.data());
+      f(data.data(), data);
       return;
     }
     auto host = compat::mirror_view_no_init(data);
     if (down) Kokkos::deep_copy(host, data);
-    f(host.data());
+    f(host.data(), host);
     Kokkos::deep_copy(space, data, host);
   }
 

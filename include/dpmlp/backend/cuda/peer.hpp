@@ -156,8 +156,8 @@ class PeerExchange {
 
     // 2. Every rank's handle; map the peers'.
     std::vector<cudaIpcMemHandle_t> all(size);
-    detail::check_mpi(MPI_Allgather(&mine, sizeof(mine), MPI_BYTE, all.data(), sizeof(mine), MPI_BYTE, comm),
-                      "MPI_Allgather");
+    timed_allgather(&mine, sizeof(mine), MPI_BYTE, all.data(), sizeof(mine), MPI_BYTE, comm,
+                    "MPI_Allgather (peer exchange set-up: the IPC handles)");
     std::vector<char*> bases(size, nullptr);
     mapped_.assign(size, nullptr);
     for (int q = 0; q < size && problem.empty(); ++q) {
@@ -184,7 +184,7 @@ class PeerExchange {
     agree_or_release(problem);
     links_.bases = static_cast<char* const*>(bases_dev_);
     // 3. No rank writes into a peer before that peer's buffer is zeroed and every map is in place.
-    detail::check_mpi(MPI_Barrier(comm), "MPI_Barrier");
+    timed_barrier(comm, "MPI_Barrier (peer exchange set-up)");
   }
 
   // A rank's buffer may be freed only when no peer can still write into it (CUDA IPC: freeing memory a peer
@@ -228,14 +228,14 @@ class PeerExchange {
   }
   void agree_or_release(const std::string& problem) {
     int bad = problem.empty() ? 0 : 1, any = 0;
-    detail::check_mpi(MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, comm_), "MPI_Allreduce");
+    timed_allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, comm_, "MPI_Allreduce (peer exchange set-up)");
     if (any != 0) {
       // Unmap before anyone frees: a rank frees only after every rank has closed its maps of it.
       for (void*& p : mapped_) {
         if (p != nullptr) cudaIpcCloseMemHandle(p);
         p = nullptr;
       }
-      MPI_Barrier(comm_);
+      timed_barrier(comm_, "MPI_Barrier (peer exchange set-up: unmapped)");
       release();
       agree<CommError>(comm_, problem.empty() ? problem : "dpmlp: peer exchange set-up: " + problem);
     }
@@ -279,7 +279,7 @@ std::shared_ptr<PeerExchange> make_peer_exchange(MPI_Comm comm, const BlockTreeR
   while (cols > 1 && chunks_of(cols / 2) <= sms) cols /= 2;
   // Every rank must cut the columns alike (flags are per chunk): the fewest any rank takes.
   int fewest = cols;
-  detail::check_mpi(MPI_Allreduce(&cols, &fewest, 1, MPI_INT, MPI_MIN, comm), "MPI_Allreduce");
+  timed_allreduce(&cols, &fewest, 1, MPI_INT, MPI_MIN, comm, "MPI_Allreduce (peer exchange: the column chunks)");
   agree(comm, fewest > 0 ? std::string()
                          : "dpmlp: peer exchange: a rank's " + std::to_string(local_blocks) +
                                " blocks of partial sums do not fit a team's scratch even a column at a time; use "
