@@ -25,8 +25,11 @@ using Memory = Space::memory_space;
 // Runs `opt` over the reference's gradients in Scalar; the largest difference to PyTorch's parameters over
 // every step and entry, relative to max(1, |parameter|) (the parameters are of order 1; a float parameter
 // carries its rounding of about 6e-8 from step to step).
+// clip > 0: each step's gradient is first scaled as TrainerOptions::clip_grad_norm documents (torch's
+// clip_grad_norm_: by min(1, clip / (||g|| + 1e-6))).
 template <class Scalar, class Optimizer>
-double worst_against_torch(const Optimizer& opt, const json_lite::Value& ref, const json_lite::Value& after) {
+double worst_against_torch(const Optimizer& opt, const json_lite::Value& ref, const json_lite::Value& after,
+                           double clip = 0) {
   const std::size_t n = ref["initial"].size();
   std::vector<Scalar> p(n), state(opt.state_size(n), Scalar(0));
   for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<Scalar>(ref["initial"][i].as_double());
@@ -35,9 +38,18 @@ double worst_against_torch(const Optimizer& opt, const json_lite::Value& ref, co
   for (std::size_t t = 0; t < ref["grads"].size(); ++t) {
     if (opt.per_step()) opt.prepare(static_cast<std::int64_t>(t + 1), scalars);
     const auto update = opt.template step<Scalar>(scalars);
+    Scalar coefficient = 1;
+    if (clip > 0) {
+      double sq = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const double g = static_cast<Scalar>(ref["grads"][t][i].as_double());
+        sq += g * g;
+      }
+      coefficient = static_cast<Scalar>(std::min(1.0, clip / (std::sqrt(sq) + 1e-6)));
+    }
     for (std::size_t i = 0; i < n; ++i) {
       update(static_cast<std::int64_t>(i), static_cast<std::int64_t>(n), p.data(),
-             static_cast<Scalar>(ref["grads"][t][i].as_double()), state.data());
+             static_cast<Scalar>(ref["grads"][t][i].as_double()) * coefficient, state.data());
     }
     for (std::size_t i = 0; i < n; ++i) {
       const double want = after[t][i].as_double();
@@ -58,6 +70,7 @@ TEST_CASE("optimizers: the parameters PyTorch's torch.optim gives, step by step"
     const std::string name = cs["name"].as_string();
     const auto& s = cs["settings"];
     INFO("case " << name);
+    const double clip = cs.contains("clip_grad_norm") ? cs["clip_grad_norm"].as_double() : 0.0;
     dpmlp::LrSchedule schedule;
     if (cs.contains("schedule")) {
       const auto& sc = cs["schedule"];
@@ -81,20 +94,20 @@ TEST_CASE("optimizers: the parameters PyTorch's torch.optim gives, step by step"
     if (name.rfind("sgd", 0) == 0) {
       const dpmlp::Sgd opt(s["lr"].as_double(), s.contains("momentum") ? s["momentum"].as_double() : 0.0, schedule);
       CHECK(opt.per_step() == !schedule.is_constant());
-      CHECK(worst_against_torch<double>(opt, ref, cs["after"]) < 1e-12);
-      CHECK(worst_against_torch<float>(opt, ref, cs["after"]) < 1e-6);
+      CHECK(worst_against_torch<double>(opt, ref, cs["after"], clip) < 1e-12);
+      CHECK(worst_against_torch<float>(opt, ref, cs["after"], clip) < 1e-6);
     } else {
       dpmlp::Adam opt(s["lr"].as_double(), schedule);
       opt.beta1 = s["betas"][0].as_double();
       opt.beta2 = s["betas"][1].as_double();
       opt.epsilon = s["eps"].as_double();
       if (name.rfind("adamw", 0) == 0) opt.weight_decay = s["weight_decay"].as_double();
-      CHECK(worst_against_torch<double>(opt, ref, cs["after"]) < 1e-12);
-      CHECK(worst_against_torch<float>(opt, ref, cs["after"]) < 1e-6);
+      CHECK(worst_against_torch<double>(opt, ref, cs["after"], clip) < 1e-12);
+      CHECK(worst_against_torch<float>(opt, ref, cs["after"], clip) < 1e-6);
     }
     ++checked;
   }
-  CHECK(checked == 9);
+  CHECK(checked == 11);
 }
 
 namespace {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "mpi_test_util.hpp"
@@ -113,6 +114,52 @@ TEST_CASE("schedules and AdamW: same bits at any rank count; the update count ca
     second.train(1);
     auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), model.params());
     CHECK(std::memcmp(two.params.data(), h.data(), two.params.size() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("gradient clipping: same bits at any rank count; a large bound changes nothing; a small one bounds the step",
+          "[trainer][optim]") {
+  const Problem p = deeper_problem();
+  dpmlp::TrainerOptions opt;
+  opt.block_rows = 32;
+  dpmlp::TrainerOptions clipped = opt;
+  clipped.clip_grad_norm = 0.05;
+  {
+    const auto multi = train(MPI_COMM_WORLD, p, 6, clipped, dpmlp::Sgd(0.05, 0.9));
+    const auto single = train_alone(p, 6, clipped, dpmlp::Sgd(0.05, 0.9));
+    CHECK(max_abs_diff(multi.params, single.params) == 0.0);
+    const auto plain = train(MPI_COMM_WORLD, p, 6, opt, dpmlp::Sgd(0.05, 0.9));
+    CHECK(max_abs_diff(multi.params, plain.params) > 0.0);
+  }
+  {
+    dpmlp::TrainerOptions loose = opt;
+    loose.clip_grad_norm = 1e30;  // the coefficient is exactly 1
+    const auto a = train(MPI_COMM_WORLD, p, 4, loose, dpmlp::Adam(0.01));
+    const auto b = train(MPI_COMM_WORLD, p, 4, opt, dpmlp::Adam(0.01));
+    CHECK(max_abs_diff(a.params, b.params) == 0.0);
+  }
+  {
+    // One SGD step at rate r moves the parameters by r * (clipped gradient), whose norm is the bound.
+    dpmlp::Mlp<float, Memory> init(p.widths, p.activation);
+    init.init_jax(dpmlp::random::PRNGKey(p.seed + 1), 0.3f);
+    auto h0 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), init.params());
+    const double rate = 0.5;
+    const auto one = train(MPI_COMM_WORLD, p, 1, clipped, dpmlp::Sgd(rate));
+    double sq = 0;
+    for (std::size_t i = 0; i < one.params.size(); ++i) {
+      const double d = (static_cast<double>(one.params[i]) - h0(i)) / rate;
+      sq += d * d;
+    }
+    CHECK(std::sqrt(sq) == Approx(clipped.clip_grad_norm).epsilon(1e-3));
+  }
+  // A negative or non-finite bound is refused on every rank.
+  for (double bad : {-1.0, std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {
+    dpmlp::TrainerOptions o = opt;
+    o.clip_grad_norm = bad;
+    dpmlp::Mlp<float, Memory> model(p.widths, p.activation);
+    CHECK_THROWS_WITH((dpmlp::DataParallelTrainer<Space, dpmlp::MpiCommunicator>(MPI_COMM_WORLD, model, p.rows,
+                                                                                 dpmlp::Sgd(0.05), o)),
+                      Catch::Contains("clip_grad_norm must be >= 0 and finite"));
   }
 }
 

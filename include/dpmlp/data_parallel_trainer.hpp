@@ -92,6 +92,9 @@ class DataParallelTrainer {
       problem = "fewer rows (" + std::to_string(global_rows) + ") than ranks (" + std::to_string(comm_.size()) + ")";
     } else if (!(options.peer_timeout_s > 0)) {
       problem = "peer_timeout_s must be positive";
+    } else if (!(options.clip_grad_norm >= 0) || !std::isfinite(options.clip_grad_norm)) {
+      problem = "clip_grad_norm must be >= 0 and finite (0: no clipping), got " +
+                std::to_string(options.clip_grad_norm);
     } else if (!timeout_ok) {
       problem =
           "collective_timeout_s must be positive and finite, got " + std::to_string(options.collective_timeout_s);
@@ -142,6 +145,9 @@ class DataParallelTrainer {
     all_or_none(c, [&] {
       state_ =
           Kokkos::View<Scalar*, memory_space>("dpmlp::optimizer_state", optimizer.state_size(model_.num_params()));
+      if (options.clip_grad_norm > 0) {
+        grad_ = Kokkos::View<Scalar*, memory_space>("dpmlp::clip_gradient", model_.num_params());
+      }
     });
     sync_parameters();
   }
@@ -485,10 +491,17 @@ class DataParallelTrainer {
           });
     }
     const auto update = optimizer_.template step<Scalar>(step_scalars_.data());
-    // The optimizer update runs in the reduction's last kernel, column by column.
+    const bool clip = options_.clip_grad_norm > 0;
+    const auto grad = grad_;
+    // The optimizer update runs in the reduction's last kernel, column by column; with clipping, that kernel
+    // keeps the gradient, and the update follows the norm.
     const auto apply = KOKKOS_LAMBDA(const std::int64_t i, const Scalar total) {
       if (i < P) {
-        update(i, P, params.data(), total, state.data());
+        if (clip) {
+          grad(i) = total;
+        } else {
+          update(i, P, params.data(), total, state.data());
+        }
       } else {
         losses(index()) = total * inv;
         index() += 1;
@@ -500,6 +513,42 @@ class DataParallelTrainer {
     } else {
       reducer.reduce_apply(space_, engine.partials(), comm_, apply);
     }
+    if (clip) clip_and_update(update);
+  }
+
+  // The clipping norm's fixed order: lane w of clip_lanes sums the squares of entries w, w + clip_lanes, ... in
+  // order (in double), then lanes[w] += lanes[w + h] for h = clip_lanes / 2, ..., 1. The same on every space
+  // and rank count, so is the coefficient.
+  static constexpr int clip_lanes = 256;
+
+  template <class Update>
+  void clip_and_update(const Update& update) {
+    const auto grad = grad_;
+    const auto params = model_.params();
+    const auto state = state_;
+    const auto lanes = clip_norm_;
+    const std::int64_t P = static_cast<std::int64_t>(model_.num_params());
+    const double max_norm = options_.clip_grad_norm;
+    Kokkos::parallel_for(
+        "dpmlp::clip_norm_lanes", Kokkos::RangePolicy<ExecSpace>(space_, 0, clip_lanes), KOKKOS_LAMBDA(const int w) {
+          double sum = 0;
+          for (std::int64_t i = w; i < P; i += clip_lanes) sum += static_cast<double>(grad(i)) * grad(i);
+          lanes(w) = sum;
+        });
+    Kokkos::parallel_for(
+        "dpmlp::clip_norm", Kokkos::RangePolicy<ExecSpace>(space_, 0, 1), KOKKOS_LAMBDA(const int) {
+          for (int h = clip_lanes / 2; h >= 1; h /= 2) {
+            for (int w = 0; w < h; ++w) lanes(w) += lanes(w + h);
+          }
+          // lanes(clip_lanes) holds the coefficient, as torch: max_norm / (norm + 1e-6), at most 1.
+          const double c = max_norm / (compat::sqrt(lanes(0)) + 1e-6);
+          lanes(clip_lanes) = c < 1.0 ? c : 1.0;
+        });
+    Kokkos::parallel_for(
+        "dpmlp::clipped_update", Kokkos::RangePolicy<ExecSpace>(space_, 0, P), KOKKOS_LAMBDA(const std::int64_t i) {
+          const Scalar coefficient = static_cast<Scalar>(lanes(clip_lanes));
+          update(i, P, params.data(), grad(i) * coefficient, state.data());
+        });
   }
 
   // What a step of one batch size needs: the batch's plan and tree (over the batch's rows, so the same at any
@@ -865,6 +914,10 @@ class DataParallelTrainer {
   // The updates applied (steps_done_ at the start of a run, counted on the device during it) and the current
   // update's per-step scalars (Optimizer::prepare).
   Kokkos::View<std::int64_t, memory_space> update_count_{"dpmlp::update_count"};
+  // Gradient clipping (TrainerOptions::clip_grad_norm): the reduced gradient, and the norm's lanes and the
+  // coefficient.
+  Kokkos::View<Scalar*, memory_space> grad_;
+  Kokkos::View<double[clip_lanes + 1], memory_space> clip_norm_{"dpmlp::clip_norm"};
   Kokkos::View<double[step_scalars], memory_space> step_scalars_{"dpmlp::step_scalars"};
   bool graph_failed_ = false;
   bool engine_ready_ = false;

@@ -19,10 +19,14 @@ struct TrainerOptions : EngineOptions {
   // At start, rank 0's parameters are broadcast to every rank. With `false`, the ranks instead check that
   // they already hold the same parameters (by digest) and refuse to train if not.
   bool broadcast_initial_params = true;
-  // On CUDA with a stream-ordered communicator (NCCL) and an optimizer whose step does not depend on the
-  // step number (Sgd), capture one step as a CUDA graph and replay it (backend/step_graph.hpp). Elsewhere
-  // it is ignored.
+  // On CUDA with a stream-ordered communicator (NCCL), capture one step as a CUDA graph and replay it
+  // (backend/step_graph.hpp). Elsewhere it is ignored.
   bool cuda_graph = false;
+  // Global-norm gradient clipping before every update, torch.nn.utils.clip_grad_norm_(parameters, max_norm):
+  // the summed gradient g is scaled by min(1, clip_grad_norm / (||g|| + 1e-6)). ||g|| is summed in a fixed
+  // order from the reduced gradient (clip_norm_order in data_parallel_trainer.hpp), so the bits stay the same
+  // at any rank count. 0: off.
+  double clip_grad_norm = 0;
   // With two or more ranks on CUDA and the reproducible reduction: exchange the block tree's subtree sums by
   // writing them straight into the other ranks' GPU memory (CUDA IPC; the GPUs need peer access, as over
   // NVLink), in one kernel that also sums the local tree, runs the combine and applies the update

@@ -34,7 +34,12 @@ cases = [
     ("adamw", dict(lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1), torch.optim.AdamW, None, None),
     ("adamw_cosine", dict(lr=0.02, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.05), torch.optim.AdamW,
      dict(kind="cosine", t_max=6, min_factor=0.0), lambda o: sched.CosineAnnealingLR(o, T_max=6, eta_min=0.0)),
+    # With global-norm clipping (torch.nn.utils.clip_grad_norm_ before each step): max_norm 3 leaves the first
+    # step's gradient (norm about 1.7) as it is and scales the later ones.
+    ("sgd_momentum_clip", dict(lr=0.05, momentum=0.9), torch.optim.SGD, None, None),
+    ("adamw_clip", dict(lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1), torch.optim.AdamW, None, None),
 ]
+clip = {"sgd_momentum_clip": 3.0, "adamw_clip": 3.0}
 out = {"torch": torch.__version__, "initial": p0.tolist(), "grads": [g.tolist() for g in grads], "cases": []}
 for name, kw, make, schedule, make_scheduler in cases:
     p = torch.nn.Parameter(p0.clone())
@@ -43,6 +48,8 @@ for name, kw, make, schedule, make_scheduler in cases:
     after = []
     for g in grads:
         p.grad = g.clone()
+        if name in clip:
+            torch.nn.utils.clip_grad_norm_([p], clip[name])
         opt.step()
         if scheduler:
             scheduler.step()
@@ -51,6 +58,8 @@ for name, kw, make, schedule, make_scheduler in cases:
     case = {"name": name, "settings": settings, "after": after}
     if schedule:
         case["schedule"] = schedule
+    if name in clip:
+        case["clip_grad_norm"] = clip[name]
     out["cases"].append(case)
 
 path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "optim_reference.json")
