@@ -15,6 +15,7 @@
 #include "dpmlp/reduction.hpp"
 #include "dpmlp/standardizer.hpp"
 #include "dpmlp/mlp.hpp"
+#include "dpmlp/jacobian.hpp"
 #include "dpmlp/optim.hpp"
 #include "dpmlp/engine/options.hpp"
 #include "dpmlp/engine/plan.hpp"

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // dpmlp/mlp.hpp: the network. A fully connected MLP, inputs -> hidden layers -> outputs, with its parameters
 // in one contiguous buffer (so a gradient is one buffer and one collective), JAX's initialization, and a
-// device-callable evaluator for inference inside a user's kernels. How a step computes its gradient is the
-// engines' business (engine/), not the model's.
+// device-callable evaluator for inference (and input Jacobians) inside a user's kernels. How a step computes
+// its gradient is the engines' business (engine/), not the model's.
 //
 // Parameter layout, layer l = 0 .. L-1 with widths w[l] -> w[l+1]:
 //   [ W_0 (w0 x w1, row-major: inputs x outputs, as in JAX), b_0 (w1), W_1 (w1 x w2), b_1 (w2), ... ]
@@ -23,17 +23,42 @@
 
 namespace dpmlp {
 
+namespace detail {
+// The output row of Evaluator::jacobian(in, jac), which has none.
+struct NoOutputRow {};
+}  // namespace detail
+
 // A small copyable view of a model for inference inside a user's kernels, on any execution space that can
 // read the model's memory: `eval(inputs, outputs)` for one row, where inputs and outputs are anything
 // indexable with (i): rank-1 Views or subviews, or a plain pointer wrapped in an unmanaged View. It keeps
 // two rows of activations on the stack, so the widest layer may have at most MaxWidth units (checked when
-// the evaluator is made) and there may be at most MaxLayers layers.
+// the evaluator is made) and there may be at most MaxLayers layers. `eval.jacobian(inputs, outputs, jac)`
+// also gives the derivatives of the outputs with respect to the inputs (below).
 template <class Scalar, int MaxWidth = 256, int MaxLayers = 8>
 struct Evaluator {
   const Scalar* params = nullptr;
   int layers = 0;
   int widths[MaxLayers + 1] = {};
   Activation activation = Activation::relu;
+
+  // The outputs and their Jacobian for one row: out(j) as operator() writes it, and jac(j, i) = d out(j) /
+  // d in(i), outputs x inputs (jac: anything indexable with (j, i), e.g. a rank-2 View or a row's subview of
+  // a rows x outputs x inputs View). Forward mode: the tangents of Directions inputs at a time travel through
+  // the layers with the activations, in two stack buffers of MaxWidth x Directions, so a row needs
+  // (2 + 2 * Directions) * MaxWidth scalars of stack and no allocation; each group of directions repeats the
+  // forward pass, 1 / Directions of the tangents' work. A hidden unit's derivative is the activation's, taken
+  // from its output as training's gradient takes it (detail::activate_grad_from_output: relu's is 0 where
+  // z <= 0). Every entry is computed by the same operations whatever Directions is: it changes the speed and
+  // the stack, not the values.
+  template <int Directions = 4, class In, class Out, class Jac>
+  KOKKOS_INLINE_FUNCTION void jacobian(const In& in, const Out& out, const Jac& jac) const {
+    jacobian_impl<Directions>(in, out, jac);
+  }
+  // The Jacobian alone.
+  template <int Directions = 4, class In, class Jac>
+  KOKKOS_INLINE_FUNCTION void jacobian(const In& in, const Jac& jac) const {
+    jacobian_impl<Directions>(in, detail::NoOutputRow{}, jac);
+  }
 
   template <class In, class Out>
   KOKKOS_INLINE_FUNCTION void operator()(const In& in, const Out& out) const {
@@ -55,6 +80,67 @@ struct Evaluator {
       cur = 1 - cur;
     }
     for (int j = 0; j < widths[layers]; ++j) out(j) = buf[cur][j];
+  }
+
+ private:
+  template <int Directions, class In, class Out, class Jac>
+  KOKKOS_INLINE_FUNCTION void jacobian_impl(const In& in, const Out& out, const Jac& jac) const {
+    static_assert(Directions >= 1, "dpmlp::Evaluator::jacobian: Directions must be at least 1");
+    constexpr bool with_output = !std::is_same<Out, detail::NoOutputRow>::value;
+    // act[c][i]: unit i's activation; tangent[c][i * Directions + d]: its derivative along input first + d.
+    // Both hold the layer's inputs in [cur] and its outputs in [1 - cur]. Directions past the last input (the
+    // last group's tail) carry zeros, so every loop over d has the constant bound Directions.
+    Scalar act[2][MaxWidth];
+    Scalar tangent[2][MaxWidth * Directions];
+    const int n_inputs = widths[0];
+    for (int first = 0; first < n_inputs; first += Directions) {
+      for (int i = 0; i < n_inputs; ++i) act[0][i] = static_cast<Scalar>(in(i));
+      const Scalar* w = params;
+      int cur = 0;
+      for (int l = 0; l < layers; ++l) {
+        const int n_in = widths[l], n_out = widths[l + 1];
+        const Scalar* b = w + n_in * n_out;
+        const bool last = l + 1 == layers;
+        for (int j = 0; j < n_out; ++j) {
+          // The value as operator() computes it (same operations, same order, so the same bits).
+          Scalar z = Scalar(0);
+          for (int i = 0; i < n_in; ++i) z += act[cur][i] * w[i * n_out + j];
+          z = z + b[j];
+          Scalar dz[Directions];
+          if (l == 0) {
+            // The inputs' tangents are the unit vectors: d z_j / d in(first + d) is W_0[first + d][j].
+            for (int d = 0; d < Directions; ++d) dz[d] = first + d < n_in ? w[(first + d) * n_out + j] : Scalar(0);
+          } else {
+            for (int d = 0; d < Directions; ++d) dz[d] = Scalar(0);
+            for (int i = 0; i < n_in; ++i) {
+              const Scalar wij = w[i * n_out + j];
+              for (int d = 0; d < Directions; ++d) dz[d] += tangent[cur][i * Directions + d] * wij;
+            }
+          }
+          if (last) {
+            act[1 - cur][j] = z;
+            for (int d = 0; d < Directions; ++d) tangent[1 - cur][j * Directions + d] = dz[d];
+          } else {
+            const Scalar y = detail::activate(activation, z);
+            const Scalar g = detail::activate_grad_from_output(activation, y);
+            act[1 - cur][j] = y;
+            for (int d = 0; d < Directions; ++d) tangent[1 - cur][j * Directions + d] = g * dz[d];
+          }
+        }
+        w = b + n_out;
+        cur = 1 - cur;
+      }
+      const int n_outputs = widths[layers];
+      const int count = n_inputs - first < Directions ? n_inputs - first : Directions;
+      for (int j = 0; j < n_outputs; ++j) {
+        for (int d = 0; d < count; ++d) jac(j, first + d) = tangent[cur][j * Directions + d];
+      }
+      if constexpr (with_output) {
+        if (first == 0) {
+          for (int j = 0; j < n_outputs; ++j) out(j) = act[cur][j];
+        }
+      }
+    }
   }
 };
 
