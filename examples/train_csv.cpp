@@ -32,6 +32,9 @@
 //   live line regardless, e.g. under mpirun on an interactive terminal; lines: plain lines; off: none.
 // --write-split FILE: rank 0 writes the split as CSV (`row,set` with row = 0-based data row, set = train or
 //   test), e.g. for benchmarks/ols_reference.py.
+// --export FILE: rank 0 writes the trained model as an ONNX file (dpmlp::save_onnx, in builds with dpmlp::onnx):
+//   input "x" = the raw feature columns, in the CSV's order without the target; output "y" = the target in its
+//   own units (the standardization of both is in the graph). The path is checked before training.
 //
 // Exit codes: 0 done, 2 bad input or a runtime error (the message is printed on every rank), 77 fewer than 2
 // physical accelerators (CPU builds: pass --allow-cpu-devices to count each rank as one CPU device).
@@ -39,9 +42,13 @@
 #include <dpmlp/checkpoint.hpp>
 #include <dpmlp/csv.hpp>
 #include <dpmlp/dpmlp.hpp>
+#ifdef DPMLP_HAVE_ONNX
+#include <dpmlp/onnx.hpp>
+#endif
 
 #include "cli.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -63,7 +70,7 @@ using DeviceMatrix = Kokkos::View<double**, Kokkos::LayoutRight, Memory>;
 using FloatMatrix = Kokkos::View<float**, Kokkos::LayoutRight, Memory>;
 
 struct Options {
-  std::string data, target, optimizer = "adam", checkpoint, write_split, progress = "auto";
+  std::string data, target, optimizer = "adam", checkpoint, write_split, progress = "auto", export_path;
   int hidden = 32, steps = 500;
   long long batch = 0;
   int epochs = 0;
@@ -102,6 +109,10 @@ cli::Parser command_line(Options& o) {
   p.value("--seed", "K", o.seed, "seeds the split, the initial parameters and the order of the batches");
   p.value("--checkpoint", "FILE", o.checkpoint, "resume from FILE if it exists; write FILE at the end");
   p.value("--write-split", "FILE", o.write_split, "write the train/test split to FILE as CSV (row,set)");
+  p.value("--export", "FILE", o.export_path,
+          "write the trained model to FILE as ONNX: raw feature columns in (the CSV's order, without the target), "
+          "the target out, the standardization in the graph",
+          "");
   p.value("--progress", "auto|bar|lines|off", o.progress,
           "rank 0's progress: a live line (bar), plain lines, or none; auto: bar on a terminal, lines on a pipe, "
           "a file or under an MPI launcher");
@@ -147,6 +158,26 @@ void check(Options& o) {
   if (!(o.test_fraction >= 0 && o.test_fraction < 1)) throw dpmlp::InputError("--test-fraction must be in [0, 1)");
   if (o.progress != "auto" && o.progress != "bar" && o.progress != "lines" && o.progress != "off") {
     throw dpmlp::InputError("--progress must be auto, bar, lines or off, got '" + o.progress + "'");
+  }
+#ifndef DPMLP_HAVE_ONNX
+  if (!o.export_path.empty()) {
+    throw dpmlp::InputError("--export: this train_csv was built without ONNX export (dpmlp::onnx is built where "
+                            "ONNX and protobuf are found; Debian: libonnx-dev, libprotobuf-dev)");
+  }
+#endif
+}
+
+// --export FILE, before any training: FILE must not be a directory, and its directory must exist (the file
+// itself is written at the end, through a temporary in that directory).
+void check_export_path(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    throw dpmlp::InputError("--export " + path + ": is a directory");
+  }
+  const std::size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    throw dpmlp::InputError("--export " + path + ": the directory '" + dir + "' does not exist");
   }
 }
 
@@ -290,6 +321,7 @@ int run(const Options& o, const Optimizer& optimizer, int devices) {
   Layout L;
   dpmlp::all_or_none(comm, [&] {
     if (rank != 0) return;
+    if (!o.export_path.empty()) check_export_path(o.export_path);
     table = dpmlp::read_csv(o.data);
     L.target = table.require_column(o.target);
     if (table.cols() < 2) throw dpmlp::InputError(o.data + ":1: the target is the only column; there are no features");
@@ -469,6 +501,25 @@ int run(const Options& o, const Optimizer& optimizer, int devices) {
     }
     std::fflush(stdout);
   }
+
+  // ---- 6. the model for deployment: rank 0 writes it; every rank learns of a failure
+#ifdef DPMLP_HAVE_ONNX
+  if (!o.export_path.empty()) {
+    dpmlp::all_or_none(comm, [&] {
+      if (rank == 0) dpmlp::save_onnx(model, &sx, &sy, o.export_path);
+    });
+    if (rank == 0) {
+      std::string names;
+      for (int c = 0; c < L.cols; ++c) {
+        if (c == L.target) continue;
+        names += (names.empty() ? "" : ", ") + dpmlp::detail::csv::printable(L.columns[static_cast<std::size_t>(c)]);
+      }
+      std::printf("# exported %s (ONNX): input x [N, %d] = %s; output y [N, 1] = %s\n", o.export_path.c_str(),
+                  features, names.c_str(), dpmlp::detail::csv::printable(o.target).c_str());
+      std::fflush(stdout);
+    }
+  }
+#endif
   return 0;
 }
 

@@ -10,10 +10,22 @@ cd "$DPMLP_ROOT"
 
 started=$(date +%s)
 # python3-numpy: the npy_numpy_interop test reads dpmlp's .npy files with numpy.load (and must not skip here).
-dpmlp_install_packages python3-numpy
+# libonnx-dev, libprotobuf-dev: the optional ONNX export, dpmlp::onnx, is built and tested here; python3-venv:
+# the environment its tests get onnx and onnxruntime in (PyPI packages, not Debian's).
+dpmlp_install_packages python3-numpy python3-venv libonnx-dev libprotobuf-dev
 export DPMLP_REQUIRE_NUMPY=1
 # Tests, examples and benchmarks asked for by name: scripts/demo.sh shares the build folder and turns tests off.
 dpmlp_configure_and_build "$BUILD_DIR" -DDPMLP_BUILD_TESTS=ON -DDPMLP_BUILD_EXAMPLES=ON -DDPMLP_BUILD_BENCHMARKS=ON
+
+# onnx and onnxruntime for the ONNX tests (onnx_runtime, example_train_csv_onnx), in a virtual environment in the
+# build folder (Debian's python3 refuses pip installs into the system), made once; the tests must not skip here.
+onnx_venv="$(cd "$BUILD_DIR" && pwd)/onnx-venv"
+if ! "$onnx_venv/bin/python" -c "import numpy, onnx, onnxruntime" 2>/dev/null; then
+  log "onnx: pip install onnx onnxruntime numpy into $onnx_venv"
+  python3 -m venv "$onnx_venv"
+  "$onnx_venv/bin/python" -m pip install --quiet --disable-pip-version-check onnx onnxruntime numpy
+fi
+export DPMLP_ONNX_PYTHON="$onnx_venv/bin/python" DPMLP_REQUIRE_ONNX=1
 log "test: ctest in $BUILD_DIR"
 (cd "$BUILD_DIR" && ctest --output-on-failure --no-tests=error -j "$JOBS")
 
