@@ -68,10 +68,15 @@ void jacobian_rows(const ExecSpace& space, const Mlp<Scalar, MemorySpace>& model
       KOKKOS_LAMBDA(const std::int64_t r) {
         const MatrixRow<X> in{x, r};
         const JacobianRow<J> jr{jac, r};
+        // Named here, outside the constexpr-if: CUDA's extended lambdas may not first capture a variable
+        // inside one.
+        const auto& e = eval;
+        const Y& outputs = y;
         if constexpr (std::is_same<Y, NoOutputRow>::value) {
-          eval.template jacobian<Directions>(in, jr);
+          (void)outputs;
+          e.template jacobian<Directions>(in, jr);
         } else {
-          eval.template jacobian<Directions>(in, MatrixRow<Y>{y, r}, jr);
+          e.template jacobian<Directions>(in, MatrixRow<Y>{outputs, r}, jr);
         }
       });
 }
