@@ -71,9 +71,7 @@ struct Evaluator {
       const Scalar* b = w + n_in * n_out;
       const bool last = l + 1 == layers;
       for (int j = 0; j < n_out; ++j) {
-        Scalar z = Scalar(0);
-        for (int i = 0; i < n_in; ++i) z += buf[cur][i] * w[i * n_out + j];
-        z = z + b[j];
+        const Scalar z = pre_activation(buf[cur], w, b, n_in, n_out, j);
         buf[1 - cur][j] = last ? z : detail::activate(activation, z);
       }
       w = b + n_out;
@@ -83,6 +81,15 @@ struct Evaluator {
   }
 
  private:
+  // Unit j's input to its activation: the sum over the layer's inputs in increasing order from +0, then the
+  // bias. Inference and the Jacobian both take it from here, so their outputs have the same bits.
+  KOKKOS_FORCEINLINE_FUNCTION static Scalar pre_activation(const Scalar* in, const Scalar* w, const Scalar* b,
+                                                           int n_in, int n_out, int j) {
+    Scalar z = Scalar(0);
+    for (int i = 0; i < n_in; ++i) z += in[i] * w[i * n_out + j];
+    return z + b[j];
+  }
+
   template <int Directions, class In, class Out, class Jac>
   KOKKOS_INLINE_FUNCTION void jacobian_impl(const In& in, const Out& out, const Jac& jac) const {
     static_assert(Directions >= 1, "dpmlp::Evaluator::jacobian: Directions must be at least 1");
@@ -102,10 +109,8 @@ struct Evaluator {
         const Scalar* b = w + n_in * n_out;
         const bool last = l + 1 == layers;
         for (int j = 0; j < n_out; ++j) {
-          // The value as operator() computes it (same operations, same order, so the same bits).
-          Scalar z = Scalar(0);
-          for (int i = 0; i < n_in; ++i) z += act[cur][i] * w[i * n_out + j];
-          z = z + b[j];
+          // The value as operator() computes it (the same function, so the same bits).
+          const Scalar z = pre_activation(act[cur], w, b, n_in, n_out, j);
           Scalar dz[Directions];
           if (l == 0) {
             // The inputs' tangents are the unit vectors: d z_j / d in(first + d) is W_0[first + d][j].

@@ -204,7 +204,6 @@ struct Adam {
   template <class Scalar>
   struct Step {
     Scalar beta1, beta2;
-    bool decay;
     const double* scalars;
     KOKKOS_INLINE_FUNCTION void operator()(std::int64_t i, std::int64_t n, Scalar* params, Scalar grad,
                                            Scalar* state) const {
@@ -213,14 +212,15 @@ struct Adam {
       const Scalar v = beta2 * state[n + i] + (Scalar(1) - beta2) * grad * grad;
       state[i] = m;
       state[n + i] = v;
-      const Scalar p = decay ? params[i] * static_cast<Scalar>(scalars[2]) : params[i];
+      // Without weight decay the factor is exactly 1, and so is the product.
+      const Scalar p = params[i] * static_cast<Scalar>(scalars[2]);
       params[i] = p - step_size * m / (compat::sqrt(v) + epsilon_hat);
     }
   };
 
   template <class Scalar>
   Step<Scalar> step(const double* scalars) const {
-    return Step<Scalar>{static_cast<Scalar>(beta1), static_cast<Scalar>(beta2), weight_decay != 0.0, scalars};
+    return Step<Scalar>{static_cast<Scalar>(beta1), static_cast<Scalar>(beta2), scalars};
   }
 };
 

@@ -24,7 +24,7 @@ struct TrainerOptions : EngineOptions {
   bool cuda_graph = false;
   // Global-norm gradient clipping before every update, torch.nn.utils.clip_grad_norm_(parameters, max_norm):
   // the summed gradient g is scaled by min(1, clip_grad_norm / (||g|| + 1e-6)). ||g|| is summed in a fixed
-  // order from the reduced gradient (clip_norm_order in data_parallel_trainer.hpp), so the bits stay the same
+  // order from the reduced gradient (clip_lanes in data_parallel_trainer.hpp), so the bits stay the same
   // at any rank count. 0: off.
   double clip_grad_norm = 0;
   // With two or more ranks on CUDA and the reproducible reduction: exchange the block tree's subtree sums by
