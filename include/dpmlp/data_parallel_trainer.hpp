@@ -2,8 +2,9 @@
 // dpmlp/data_parallel_trainer.hpp: data-parallel training, one MPI rank per device.
 //
 // The batch is sharded over the ranks of a communicator (whole row blocks per rank), the parameters are
-// replicated, and each step the gradient of the global mean squared error is summed across ranks with one
-// collective over one contiguous buffer (gradient + loss). Every kernel runs on the trainer's ExecSpace.
+// replicated, and each step the gradient of the global loss (Loss, loss.hpp: by default the mean squared
+// error) is summed across ranks with one collective over one contiguous buffer (gradient + loss). Every kernel
+// runs on the trainer's ExecSpace.
 //
 //   using Trainer = dpmlp::DataParallelTrainer<Kokkos::DefaultExecutionSpace>;
 //   dpmlp::Mlp<float, Trainer::memory_space> model({32, 32, 1});
@@ -40,6 +41,7 @@
 #include "dpmlp/errors.hpp"
 #include "dpmlp/kokkos_compat.hpp"
 #include "dpmlp/linalg/gemm.hpp"
+#include "dpmlp/loss.hpp"
 #include "dpmlp/mlp.hpp"
 #include "dpmlp/optim.hpp"
 #include "dpmlp/reduction.hpp"
@@ -47,7 +49,8 @@
 
 namespace dpmlp {
 
-template <class ExecSpace, class Comm = default_communicator_t<ExecSpace>, class Optimizer = Sgd, class Scalar = float>
+template <class ExecSpace, class Comm = default_communicator_t<ExecSpace>, class Optimizer = Sgd, class Scalar = float,
+          class Loss = Mse>
 class DataParallelTrainer {
   static_assert(Kokkos::is_execution_space<ExecSpace>::value,
                 "DataParallelTrainer<ExecSpace, ...>: ExecSpace must be a Kokkos execution space");
@@ -55,6 +58,8 @@ class DataParallelTrainer {
                 "DataParallelTrainer<..., Comm>: Comm must model the Communicator concept (comm/communicator.hpp)");
   static_assert(is_optimizer<Optimizer>::value,
                 "DataParallelTrainer<..., Optimizer>: Optimizer must model the Optimizer concept (optim.hpp)");
+  static_assert(is_loss<Loss>::value,
+                "DataParallelTrainer<..., Loss>: Loss must model the Loss concept (loss.hpp: Mse, L1, Huber)");
 
  public:
   using execution_space = ExecSpace;
@@ -62,26 +67,37 @@ class DataParallelTrainer {
   using communicator_type = Comm;
   using optimizer_type = Optimizer;
   using scalar_type = Scalar;
+  using loss_type = Loss;
+  using engine_type = detail::BlockEngine<ExecSpace, Scalar, Loss>;
   using model_type = Mlp<Scalar, memory_space>;
   using matrix = Kokkos::View<Scalar**, Kokkos::LayoutRight, memory_space>;
   using const_matrix = Kokkos::View<const Scalar**, Kokkos::LayoutRight, memory_space>;
 
-  // Collective over `comm`. `model` is shared, not copied: training updates its parameters in place.
+  // Collective over `comm`. `model` is shared, not copied: training updates its parameters in place. The
+  // loss is Loss() (Mse: the mean squared error).
   DataParallelTrainer(MPI_Comm comm, const model_type& model, std::int64_t global_rows,
                       const Optimizer& optimizer = Optimizer(), const TrainerOptions& options = TrainerOptions(),
                       const ExecSpace& space = ExecSpace())
-      : comm_(comm), model_(model), optimizer_(optimizer), options_(options), space_(space) {
+      : DataParallelTrainer(comm, model, global_rows, optimizer, Loss(), options, space) {}
+
+  // The same, learning `loss` (a dpmlp::Mse, L1 or Huber with its delta and output weights). Every rank must
+  // pass the same loss: the trainer compares them and refuses a mismatch.
+  DataParallelTrainer(MPI_Comm comm, const model_type& model, std::int64_t global_rows, const Optimizer& optimizer,
+                      const Loss& loss, const TrainerOptions& options = TrainerOptions(),
+                      const ExecSpace& space = ExecSpace())
+      : comm_(comm), model_(model), optimizer_(optimizer), loss_(loss), options_(options), space_(space) {
     MPI_Comm c = comm_.mpi_comm();
     // First, so that every collective of this trainer has its timeout (an invalid one is refused below).
     const bool timeout_ok = options.collective_timeout_s > 0 && std::isfinite(options.collective_timeout_s);
     if (timeout_ok) set_collective_timeout(c, options.collective_timeout_s);
-    using engine_t = detail::BlockEngine<ExecSpace, Scalar>;
+    using engine_t = engine_type;
     const bool reproducible = options.reduction == Reduction::reproducible;
     std::string problem;
     // Everything before a collective that can fail on one rank (a std::bad_alloc in a plan included) is caught
     // and agreed on: a rank that threw alone would leave the others waiting.
     try {
       optimizer.validate();
+      loss.validate(model.outputs());
     } catch (const std::exception& e) {
       problem = e.what();
     }
@@ -106,6 +122,17 @@ class DataParallelTrainer {
       }
     }
     agree(c, problem.empty() ? problem : "dpmlp::DataParallelTrainer: " + problem);
+    {
+      // Ranks that learned different losses would update their replicas differently.
+      const std::string mine = loss.describe();
+      const auto key = static_cast<long long>(fnv1a64(mine.data(), mine.size()) >> 1);
+      long long range[2] = {key, -key};
+      timed_allreduce(MPI_IN_PLACE, range, 2, MPI_LONG_LONG, MPI_MAX, c,
+                      "MPI_Allreduce (DataParallelTrainer: the losses)");
+      agree(c, range[0] == -range[1] ? std::string()
+                                     : "dpmlp::DataParallelTrainer: the ranks were given different losses (this rank: " +
+                                           mine + ")");
+    }
     global_rows_ = global_rows;
     engine_plan_ = agreed_plan(engine_plan_, global_rows);
     all_or_none(c, [&] {
@@ -171,6 +198,8 @@ class DataParallelTrainer {
   const EnginePlan& engine_plan() const { return engine_plan_; }
   const TrainerOptions& options() const { return options_; }
   const Optimizer& optimizer() const { return optimizer_; }
+  // What a step learns: each step's loss (TrainResult, StepInfo, the callbacks) is this loss's value.
+  const Loss& loss() const { return loss_; }
   // The optimizer's state (optimizer().state_size(num_params) values), e.g. for checkpoints.
   const Kokkos::View<Scalar*, memory_space>& optimizer_state() const { return state_; }
   const Comm& communicator() const { return comm_; }
@@ -471,7 +500,7 @@ class DataParallelTrainer {
 
   // One step over this rank's rows x, y of a step whose mean loss is inv * (sum of squared residuals):
   // `engine` fills its block sums, `reducer` (with `peer`, where not null) sums them and applies the update.
-  void step_with(const detail::BlockEngine<ExecSpace, Scalar>& engine, const BlockTreeReducer<ExecSpace, Scalar>& reducer,
+  void step_with(const engine_type& engine, const BlockTreeReducer<ExecSpace, Scalar>& reducer,
                  const const_matrix& x, const const_matrix& y, const Scalar inv, backend::PeerExchange* peer) {
     engine.compute(space_, x, y, inv);
     const auto params = model_.params();
@@ -557,7 +586,7 @@ class DataParallelTrainer {
     std::int64_t rows = 0, local_rows = 0;  // the batch's rows; this rank's
     EnginePlan plan;
     BlockTreePlan tree;
-    detail::BlockEngine<ExecSpace, Scalar> engine;
+    engine_type engine;
     BlockTreeReducer<ExecSpace, Scalar> reducer;
     Kokkos::View<std::int64_t*, memory_space> bounds;  // rank r's rows of a batch: [bounds(r), bounds(r + 1))
   };
@@ -611,7 +640,7 @@ class DataParallelTrainer {
   }
 
   void make_batch_shape(BatchShape& b, std::int64_t rows) {
-    using engine_t = detail::BlockEngine<ExecSpace, Scalar>;
+    using engine_t = engine_type;
     MPI_Comm c = comm_.mpi_comm();
     std::string problem;
     EnginePlan mine;
@@ -627,7 +656,7 @@ class DataParallelTrainer {
     all_or_none(c, [&] {
       b.tree = BlockTreePlan(rows, leaf, comm_.rank(), comm_.size());
       b.local_rows = b.tree.shard().rows();
-      b.engine = engine_t(model_, b.local_rows, b.plan);
+      b.engine = engine_t(model_, b.local_rows, b.plan, loss_);
       b.reducer = BlockTreeReducer<ExecSpace, Scalar>(b.tree, std::int64_t(model_.num_params()) + 1, options_.reduction);
       b.bounds = decltype(b.bounds)("dpmlp::batch_bounds", comm_.size() + 1);
       auto h = Kokkos::create_mirror_view(b.bounds);
@@ -794,7 +823,7 @@ class DataParallelTrainer {
   // Then every rank must run the same plan: their sums would differ in the last bits, so a mix (ranks on
   // different kinds of device) would silently break the bitwise reproducibility.
   EnginePlan agreed_plan(EnginePlan mine, std::int64_t rows) {
-    using engine_t = detail::BlockEngine<ExecSpace, Scalar>;
+    using engine_t = engine_type;
     MPI_Comm c = comm_.mpi_comm();
     int group = mine.leaf_group;
     timed_allreduce(MPI_IN_PLACE, &group, 1, MPI_INT, MPI_MIN, c,
@@ -825,7 +854,7 @@ class DataParallelTrainer {
   void ensure_engine() {
     if (engine_ready_) return;
     all_or_none(comm_.mpi_comm(),
-                [&] { engine_ = detail::BlockEngine<ExecSpace, Scalar>(model_, plan_.shard().rows(), engine_plan_); });
+                [&] { engine_ = engine_type(model_, plan_.shard().rows(), engine_plan_, loss_); });
     engine_ready_ = true;
   }
 
@@ -900,12 +929,13 @@ class DataParallelTrainer {
   Comm comm_;
   model_type model_;
   Optimizer optimizer_;
+  Loss loss_;
   TrainerOptions options_;
   ExecSpace space_;
   std::int64_t global_rows_ = 0, steps_done_ = 0;
   EnginePlan engine_plan_;
   BlockTreePlan plan_;
-  detail::BlockEngine<ExecSpace, Scalar> engine_;
+  engine_type engine_;
   BlockTreeReducer<ExecSpace, Scalar> reducer_;
   const_matrix x_, y_;
   bool has_data_ = false;
@@ -927,30 +957,40 @@ class DataParallelTrainer {
   backend::StepGraph<ExecSpace> graph_;
 };
 
-// Single-device value and gradient of the mean squared error: grad (num_params) <- d loss / d params; returns
-// the loss. The same block-wise computation and plan as a one-rank trainer's step (so the same bits).
-template <class ExecSpace, class Scalar, class X, class Y, class G>
+// Single-device value and gradient of `loss` (loss.hpp): grad (num_params) <- d loss / d params; returns the
+// loss. The same block-wise computation and plan as a one-rank trainer's step (so the same bits).
+template <class ExecSpace, class Scalar, class X, class Y, class G, class Loss,
+          std::enable_if_t<is_loss<Loss>::value, int> = 0>
 Scalar value_and_grad(const ExecSpace& space, const Mlp<Scalar, typename ExecSpace::memory_space>& model,
-                      const X& x, const Y& y, const G& grad, const EngineOptions& options) {
+                      const X& x, const Y& y, const G& grad, const Loss& loss,
+                      const EngineOptions& options = EngineOptions()) {
   const std::int64_t rows = x.extent(0);
   if (rows <= 0) throw InputError("dpmlp::value_and_grad: zero rows");
   if (grad.extent(0) != model.num_params()) throw InputError("dpmlp::value_and_grad: grad has the wrong size");
-  using engine_t = detail::BlockEngine<ExecSpace, Scalar>;
+  loss.validate(model.outputs());
+  using engine_t = detail::BlockEngine<ExecSpace, Scalar, Loss>;
   const EnginePlan p = engine_t::plan(model, options, true, rows, 1);
   const BlockTreePlan plan(rows, p.block_rows * p.leaf_group, 0, 1);
-  engine_t blocks(model, rows, p);
+  engine_t blocks(model, rows, p, loss);
   BlockTreeReducer<ExecSpace, Scalar> reducer(plan, blocks.width(), Reduction::reproducible);
   const Scalar inv = Scalar(1.0 / (static_cast<double>(rows) * model.outputs()));
   blocks.compute(space, x, y, inv);
   const auto total = reducer.reduce(space, blocks.partials(), NoCommunicator{});
   Kokkos::deep_copy(space, grad, Kokkos::subview(total, std::make_pair(std::size_t(0), model.num_params())));
-  Scalar loss = 0;
-  Kokkos::deep_copy(space, loss, Kokkos::subview(total, model.num_params()));
+  Scalar value = 0;
+  Kokkos::deep_copy(space, value, Kokkos::subview(total, model.num_params()));
   compat::fence(space, "dpmlp::value_and_grad");
-  return loss * inv;
+  return value * inv;
 }
 
-// The same with the engine and the rows a block alone (0: the default).
+// The mean squared error (Mse).
+template <class ExecSpace, class Scalar, class X, class Y, class G>
+Scalar value_and_grad(const ExecSpace& space, const Mlp<Scalar, typename ExecSpace::memory_space>& model,
+                      const X& x, const Y& y, const G& grad, const EngineOptions& options) {
+  return value_and_grad(space, model, x, y, grad, Mse(), options);
+}
+
+// The mean squared error with the engine and the rows a block alone (0: the default).
 template <class ExecSpace, class Scalar, class X, class Y, class G>
 Scalar value_and_grad(const ExecSpace& space, const Mlp<Scalar, typename ExecSpace::memory_space>& model,
                       const X& x, const Y& y, const G& grad, std::int64_t block_rows = 0,

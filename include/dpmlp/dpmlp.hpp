@@ -17,6 +17,7 @@
 #include "dpmlp/mlp.hpp"
 #include "dpmlp/jacobian.hpp"
 #include "dpmlp/optim.hpp"
+#include "dpmlp/loss.hpp"
 #include "dpmlp/engine/options.hpp"
 #include "dpmlp/engine/plan.hpp"
 #include "dpmlp/trainer_options.hpp"

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // dpmlp/engine/block_engine.hpp: the per-step engine that runs an EnginePlan (engine/plan.hpp): forward and
-// backward over one rank's rows, producing per-block partial sums (the gradient and the sum of squared
-// residuals) for the block tree. It dispatches to the layered engine (below: a GEMM and an element-wise kernel
+// backward over one rank's rows, producing per-block partial sums (the gradient and the sum of the loss's
+// terms, loss.hpp) for the block tree. It dispatches to the layered engine (below: a GEMM and an element-wise kernel
 // per layer and phase, any depth, any space), the fused SIMT kernel (engine/fused_simt.hpp) or the tensor
 // engine (backend/cuda/tensor_engine.hpp), and reads what a space offers the planner (engine_caps).
 #pragma once
@@ -22,6 +22,7 @@
 #include "dpmlp/errors.hpp"
 #include "dpmlp/kokkos_compat.hpp"
 #include "dpmlp/linalg/gemm.hpp"
+#include "dpmlp/loss.hpp"
 #include "dpmlp/mlp.hpp"
 
 namespace dpmlp {
@@ -35,11 +36,15 @@ namespace detail {
 
 // The per-step engine. Holds every buffer, so a step allocates nothing. Rows are processed block by block with
 // fixed shapes (the plan's block rows; the shard's last block may be short), so each block's partial sums have
-// the same bits wherever the block lives.
-template <class ExecSpace, class Scalar>
+// the same bits wherever the block lives. Loss (loss.hpp) is a template argument of every kernel: each engine
+// computes the output deltas and the loss sums with its term.
+template <class ExecSpace, class Scalar, class Loss = Mse>
 class BlockEngine {
+  static_assert(is_loss<Loss>::value, "BlockEngine<..., Loss>: Loss must model the Loss concept (loss.hpp)");
+
  public:
   using memory_space = typename ExecSpace::memory_space;
+  using loss_term = loss_term_t<Loss, Scalar>;
   using matrix = Kokkos::View<Scalar**, Kokkos::LayoutRight, memory_space>;
   using const_matrix = Kokkos::View<const Scalar**, Kokkos::LayoutRight, memory_space>;
 
@@ -51,10 +56,28 @@ class BlockEngine {
 #endif
 
   BlockEngine() = default;
-  // An engine for `rows` rows (this rank's shard) that runs `plan`.
-  BlockEngine(const Mlp<Scalar, memory_space>& model, std::int64_t rows, const EnginePlan& plan)
+  // An engine for `rows` rows (this rank's shard) that runs `plan` and learns `loss`.
+  BlockEngine(const Mlp<Scalar, memory_space>& model, std::int64_t rows, const EnginePlan& plan,
+              const Loss& loss = Loss())
       : model_(model), rows_(rows), plan_(plan) {
     if (plan.engine == Engine::automatic) throw std::logic_error("dpmlp::BlockEngine: an unresolved plan");
+    loss.validate(model.outputs());
+    {
+      // Every output's weight on the device (for the layered engine past LossWeights::inline_count outputs),
+      // and the first ones in the term itself.
+      const std::vector<double>& w = loss.output_weights();
+      loss_weights_ = Kokkos::View<Scalar*, memory_space>(
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::loss_weights"), model.outputs());
+      auto h = Kokkos::create_mirror_view(loss_weights_);
+      LossWeights<Scalar> lw;
+      for (int j = 0; j < model.outputs(); ++j) {
+        h(j) = w.empty() ? Scalar(1) : static_cast<Scalar>(w[static_cast<std::size_t>(j)]);
+        if (j < LossWeights<Scalar>::inline_count) lw.first[j] = h(j);
+      }
+      Kokkos::deep_copy(loss_weights_, h);
+      lw.all = loss_weights_.data();
+      term_ = loss.template term<Scalar>(lw);
+    }
     if (plan_.leaf_group != 1 && !plan.register_resident()) {
       throw InputError("dpmlp: a group of " + std::to_string(plan_.leaf_group) +
                        " blocks a partial-sum row needs the tensor engine's register-resident kernel");
@@ -136,7 +159,7 @@ class BlockEngine {
   }
 
   template <int NI>
-  using fused_kernel = FusedOneHiddenKernel<ExecSpace, Scalar, NI, is_host_space<ExecSpace>()>;
+  using fused_kernel = FusedOneHiddenKernel<ExecSpace, Scalar, NI, is_host_space<ExecSpace>(), loss_term>;
 
   template <int NI>
   static fused_kernel<NI> make_fused_kernel(const Mlp<Scalar, memory_space>& model, const FusedLayout& lay) {
@@ -214,8 +237,8 @@ class BlockEngine {
   }
 
   // Forward and backward: fills partials() with, per block (per group of group() blocks), the gradient of
-  // scale * sum(residual^2) (in the parameter layout) and, in the last column, the plain sum of squared
-  // residuals.
+  // scale * (the sum of the loss's terms w_j l(d) over the block's predictions) (in the parameter layout) and,
+  // in the last column, the plain sum of the terms (Mse: of the squared residuals).
   // window: the rows to learn from (a mini-batch), default all.
   void compute(const ExecSpace& space, const const_matrix& x, const const_matrix& y, Scalar scale,
                const RowWindow& window = RowWindow()) const {
@@ -239,18 +262,19 @@ class BlockEngine {
     const std::int64_t rows = rows_;
     const auto pred = acts_.back();
     const matrix delta = delta_[(L - 1) % 2];
-    // Residuals and the output delta (scale * 2 r: the gradient of scale * r^2), one thread a row; then,
-    // per block, the sum of r^2 (block_column_sums). Two kernels, so the summing loop only reads and its
-    // loads can be in flight together (a store in the loop would serialize them on a GPU).
+    // Residuals and the output delta (the gradient of scale * the loss's term; Mse: scale * 2 r), one thread a
+    // row; then, per block, the sum of the terms (block_column_sums). Two kernels, so the summing loop only
+    // reads and its loads can be in flight together (a store in the loop would serialize them on a GPU).
     const auto sq = row_scratch_;
+    const loss_term loss = term_;
     Kokkos::parallel_for(
         "dpmlp::residual", Kokkos::RangePolicy<ExecSpace>(space, 0, rows), KOKKOS_LAMBDA(const std::int64_t r) {
           Scalar sum = Scalar(0);
           const bool in = window.contains(r);
           for (int j = 0; j < n_out; ++j) {
             const Scalar res = in ? pred(r, j) - y(r, j) : Scalar(0);
-            sum += res * res;
-            delta(r, j) = Scalar(2) * scale * res;
+            sum += loss.value(res, j);
+            delta(r, j) = loss.grad(res, j, scale);
           }
           sq(r) = sum;
         });
@@ -383,6 +407,7 @@ class BlockEngine {
     k.rows = rows_;
     k.block = plan_.block_rows;
     k.scale = scale;
+    k.loss = term_;
     k.window = window;
     // A device team runs the 256 logical threads at once; a host team of one loops over them.
     const int team = is_host_space<ExecSpace>() ? 1 : kernel_t::T;
@@ -417,7 +442,7 @@ class BlockEngine {
       p.kernel = plan_.kernel == Kernel::tensor_warp_matrix         ? backend::TensorLaunch::warp_matrix
                  : plan_.kernel == Kernel::tensor_register_resident ? backend::TensorLaunch::register_resident
                                                                     : backend::TensorLaunch::register_resident_paired;
-      backend::compute_tensor(space, p, plan_.leaf_group);
+      backend::compute_tensor(space, p, term_, plan_.leaf_group);
       return;
     }
 #endif
@@ -508,6 +533,8 @@ class BlockEngine {
   std::int64_t rows_ = 0, blocks_ = 0, width_ = 0;
   EnginePlan plan_;  // block rows, leaf group (blocks a row of partials_ sums), GEMMs
   FusedLayout layout_;  // the fused kernel's shape (Engine::fused only)
+  loss_term term_;      // the loss's device functor (its weights point into loss_weights_)
+  Kokkos::View<Scalar*, memory_space> loss_weights_;
   matrix partials_;
   std::vector<matrix> acts_;
   matrix delta_[2];

@@ -41,7 +41,7 @@ namespace dpmlp {
 
 namespace detail {
 
-// Team scratch, in elements, in the order the kernel carves it:
+// Team scratch, in elements, in the order the kernel carves it (sqs: the predictions' loss terms):
 //   [w0s NI*HP] b0s HP | w1s HP*NO | b1s 4 | xs C*NI | ys, ds, sqs 3*C*NO | hs, dhs 2*C*HP |
 //   [accumulators w0 NI*HP, b0 HP, w1 HP*NO] | b1 NO | loss 1
 // w0s: W0 zero-padded, when it fits (else W0 is read from global memory). The bracketed accumulators live
@@ -96,8 +96,9 @@ inline std::string fused_one_hidden_unsupported(const std::vector<int>& widths) 
 }
 
 // AccShared: the weight-gradient accumulators live in team scratch (host spaces) or in registers (device
-// spaces, where the team has exactly T threads).
-template <class ExecSpace, class Scalar, int NI, bool AccShared>
+// spaces, where the team has exactly T threads). LossTerm: the loss's device functor (loss.hpp), which gives
+// each prediction's output delta and loss term.
+template <class ExecSpace, class Scalar, int NI, bool AccShared, class LossTerm>
 struct FusedOneHiddenKernel {
   static constexpr int T = FusedLayout::T;
   static constexpr int TJ = 4;  // hidden units a logical thread owns
@@ -118,6 +119,7 @@ struct FusedOneHiddenKernel {
   bool w0_shared;  // W0 in scratch (else read from global memory)
   std::int64_t w0off, b0off, w1off, b1off, loss_col;
   Scalar scale;
+  LossTerm loss;
   Activation act;
   RowWindow window;
 
@@ -347,7 +349,8 @@ struct FusedOneHiddenKernel {
       });
       team.team_barrier();
 
-      // The outputs: the segments summed in order, plus the bias; residuals and the output deltas.
+      // The outputs: the segments summed in order, plus the bias; residuals, the output deltas and the loss
+      // terms.
       each(team, C * NO, [&](int t) {
         const int r = t / NO, o = t % NO;
         Scalar sum = Scalar(0);
@@ -355,8 +358,8 @@ struct FusedOneHiddenKernel {
         const Scalar pred = sum + b1s[o];
         if (r < n && window.contains(c0 + r)) {
           const Scalar res = pred - ys[t];
-          ds[t] = Scalar(2) * scale * res;
-          sqs[t] = res * res;
+          ds[t] = loss.grad(res, o, scale);
+          sqs[t] = loss.value(res, o);
         } else {
           ds[t] = Scalar(0);
           sqs[t] = Scalar(0);
@@ -414,7 +417,7 @@ struct FusedOneHiddenKernel {
       team.team_barrier();
     }
 
-    // The block's partial sums, in the parameter layout (plus the sum of squared residuals).
+    // The block's partial sums, in the parameter layout (plus the sum of the loss terms).
     Scalar* const out = partials + b * ld;
     if constexpr (AccShared) {
       each(team, T, [&](int t) {

@@ -25,9 +25,11 @@
 namespace dpmlp {
 namespace backend {
 
-// One step's per-block partial sums on tensor cores, by p.kernel. group: blocks a row of partials sums (1, or
-// mma_group_blocks for the register-resident kernels at 32 or fewer hidden units and one output).
-inline void compute_tensor(const Kokkos::Cuda& space, const TensorProblem& p, int group = 1) {
+// One step's per-block partial sums on tensor cores, by p.kernel, for the loss whose device functor is `loss`
+// (loss.hpp). group: blocks a row of partials sums (1, or mma_group_blocks for the register-resident kernels
+// at 32 or fewer hidden units and one output).
+template <class LossTerm>
+inline void compute_tensor(const Kokkos::Cuda& space, const TensorProblem& p, const LossTerm& loss, int group = 1) {
   if (p.rows == 0 || p.blocks == 0) return;
   const bool resident = p.kernel != TensorLaunch::warp_matrix;
   if (group != 1 && (!resident || group != mma_group_blocks || tensor_hp(p.H) != 32 || p.NO != 1)) {
@@ -38,12 +40,12 @@ inline void compute_tensor(const Kokkos::Cuda& space, const TensorProblem& p, in
   const auto launch = [&](auto hp) {
     constexpr int HP = decltype(hp)::value;
     if (resident) {
-      if (p.kernel == TensorLaunch::register_resident_paired) return launch_tensor_pair<HP>(space, p, group);
-      if (p.NO == 1) return launch_tensor_mma<HP, 1>(space, p, group);
-      return launch_tensor_mma<HP, 4>(space, p, group);
+      if (p.kernel == TensorLaunch::register_resident_paired) return launch_tensor_pair<HP>(space, p, loss, group);
+      if (p.NO == 1) return launch_tensor_mma<HP, 1>(space, p, loss, group);
+      return launch_tensor_mma<HP, 4>(space, p, loss, group);
     }
-    if (narrow) return launch_tensor<32, HP>(space, p);
-    return launch_tensor<64, HP>(space, p);
+    if (narrow) return launch_tensor<32, HP>(space, p, loss);
+    return launch_tensor<64, HP>(space, p, loss);
   };
   switch (tensor_hp(p.H)) {
     case 32: return launch(std::integral_constant<int, 32>());

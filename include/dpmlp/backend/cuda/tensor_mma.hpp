@@ -63,7 +63,8 @@ struct MmaGroupField<false> {
   static constexpr int group = 1;
 };
 
-template <int HP, int NOC>
+// LossTerm: the loss's device functor (loss.hpp).
+template <int HP, int NOC, class LossTerm>
 struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
   using MmaGroupField<HP == 32>::group;
   static constexpr int NI = 32, T = 256, RB = mma_batch_rows, NB = RB / 8, KT = NI / 8, FT = NI / 8, MT = 2;
@@ -94,6 +95,7 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
                 "mma_scratch_bytes parks two arrays of 32 floats for each of 256 threads");
 
   bool vec16 = false;  // x rows can be copied 16 bytes at a time
+  LossTerm loss;
 
   std::size_t scratch_bytes() const { return mma_scratch_bytes(HP, NOC, group > 1); }
 
@@ -575,8 +577,8 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
         d[o] = 0.0f;
         if (learn && o < NO) {
           const float res = out + s.b1r[o] - s.yc[o];
-          d[o] = 2.0f * scale * res;
-          s.lsum += res * res;
+          d[o] = loss.grad(res, o, scale);
+          s.lsum += loss.value(res, o);
           s.gl[o] += d[o];
         }
       }
@@ -789,24 +791,25 @@ __device__ inline void run_register_resident(const Kernel& k) {
 #endif
 }
 
-template <int HP, int NOC>
-__global__ void __launch_bounds__(256, TensorMmaKernel<HP, NOC>::MIN_BLOCKS)
-    fused_tensor_mma(const TensorMmaKernel<HP, NOC> k) {
+template <int HP, int NOC, class LossTerm>
+__global__ void __launch_bounds__(256, TensorMmaKernel<HP, NOC, LossTerm>::MIN_BLOCKS)
+    fused_tensor_mma(const TensorMmaKernel<HP, NOC, LossTerm> k) {
   run_register_resident(k);
 }
 #endif
 
-template <int HP, int NOC>
-inline void launch_tensor_mma(const Kokkos::Cuda& space, const TensorProblem& p, int group) {
-  using kernel_t = TensorMmaKernel<HP, NOC>;
+template <int HP, int NOC, class LossTerm>
+inline void launch_tensor_mma(const Kokkos::Cuda& space, const TensorProblem& p, const LossTerm& loss, int group) {
+  using kernel_t = TensorMmaKernel<HP, NOC, LossTerm>;
   kernel_t k{p, {}};
+  k.loss = loss;
   if constexpr (kernel_t::GROUPS) k.group = group;
   k.vec16 = p.n_in % 4 == 0 && reinterpret_cast<std::uintptr_t>(p.x) % 16 == 0;
 #if defined(__CUDACC__)
-  static const int resident = register_resident_setup(fused_tensor_mma<HP, NOC>, kernel_t::T,
+  static const int resident = register_resident_setup(fused_tensor_mma<HP, NOC, LossTerm>, kernel_t::T,
                                                       mma_scratch_bytes(HP, NOC, kernel_t::GROUPS), k.scratch_bytes());
   const unsigned grid = register_resident_grid(p.blocks, kernel_t::WR, group, resident);
-  fused_tensor_mma<HP, NOC><<<grid, kernel_t::T, k.scratch_bytes(), space.cuda_stream()>>>(k);
+  fused_tensor_mma<HP, NOC, LossTerm><<<grid, kernel_t::T, k.scratch_bytes(), space.cuda_stream()>>>(k);
   check_tensor_launch();
 #else
   (void)space, (void)k;

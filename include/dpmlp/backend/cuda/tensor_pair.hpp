@@ -55,9 +55,9 @@
 namespace dpmlp {
 namespace backend {
 
-template <int HP>
-struct TensorPairKernel : TensorMmaKernel<HP, 1> {
-  using base = TensorMmaKernel<HP, 1>;
+template <int HP, class LossTerm>
+struct TensorPairKernel : TensorMmaKernel<HP, 1, LossTerm> {
+  using base = TensorMmaKernel<HP, 1, LossTerm>;
   using base::FT;
   using base::LDX;
   using base::MT;
@@ -228,8 +228,8 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
             for (int w = 0; w < WH; ++w) out += part[w * RB + lane];
           }
           const float res = out + s.b1r[0] - s.yc[0];
-          d = 2.0f * this->scale * res;
-          s.lsum += res * res;
+          d = this->loss.grad(res, 0, this->scale);
+          s.lsum += this->loss.value(res, 0);
           s.gl[0] += d;
         }
       }
@@ -423,24 +423,25 @@ struct TensorPairKernel : TensorMmaKernel<HP, 1> {
 };
 
 #if defined(__CUDACC__)
-template <int HP>
-__global__ void __launch_bounds__(512, 1) fused_tensor_pair(const TensorPairKernel<HP> k) {
+template <int HP, class LossTerm>
+__global__ void __launch_bounds__(512, 1) fused_tensor_pair(const TensorPairKernel<HP, LossTerm> k) {
   run_register_resident(k);
 }
 #endif
 
-template <int HP>
-inline void launch_tensor_pair(const Kokkos::Cuda& space, const TensorProblem& p, int group) {
-  using kernel_t = TensorPairKernel<HP>;
-  kernel_t k{TensorMmaKernel<HP, 1>{p, {}}};
+template <int HP, class LossTerm>
+inline void launch_tensor_pair(const Kokkos::Cuda& space, const TensorProblem& p, const LossTerm& loss, int group) {
+  using kernel_t = TensorPairKernel<HP, LossTerm>;
+  kernel_t k{typename kernel_t::base{p, {}}};
+  k.loss = loss;
   if constexpr (kernel_t::GROUPS) k.group = group;
   k.vec16 = p.n_in % 4 == 0 && reinterpret_cast<std::uintptr_t>(p.x) % 16 == 0;
 #if defined(__CUDACC__)
   // One CTA an SM (its 512 threads take every register).
-  static const int resident = register_resident_setup(fused_tensor_pair<HP>, kernel_t::TP,
+  static const int resident = register_resident_setup(fused_tensor_pair<HP, LossTerm>, kernel_t::TP,
                                                       mma_pair_scratch_bytes(HP, kernel_t::GROUPS), k.scratch_bytes());
   const unsigned grid = register_resident_grid(p.blocks, kernel_t::WR, group, resident);
-  fused_tensor_pair<HP><<<grid, kernel_t::TP, k.scratch_bytes(), space.cuda_stream()>>>(k);
+  fused_tensor_pair<HP, LossTerm><<<grid, kernel_t::TP, k.scratch_bytes(), space.cuda_stream()>>>(k);
   check_tensor_launch();
 #else
   (void)space, (void)k;

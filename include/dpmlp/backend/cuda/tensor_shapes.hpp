@@ -102,7 +102,7 @@ struct TensorProblem {
   const float* x = nullptr;  // rows x n_in, row-major
   const float* y = nullptr;  // rows x NO, row-major
   const float* params = nullptr;
-  float* partials = nullptr;  // ceil(blocks / group) x ld; the last column: the sum of squared residuals
+  float* partials = nullptr;  // ceil(blocks / group) x ld; the last column: the sum of the loss terms
   std::int64_t ld = 0, rows = 0, block = 0, blocks = 0;
   int n_in = 0, H = 0, NO = 1;
   std::int64_t w0off = 0, b0off = 0, w1off = 0, b1off = 0;

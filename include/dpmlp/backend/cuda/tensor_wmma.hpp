@@ -48,9 +48,9 @@ namespace backend {
 using detail::activate;
 using detail::activate_grad_from_output;
 
-// NI: padded inputs (32 or 64); HP: padded hidden units (32, 64, 128 or 256). The problem is its base, so
-// the kernel's fields are the problem's.
-template <int NI, int HP>
+// NI: padded inputs (32 or 64); HP: padded hidden units (32, 64, 128 or 256); LossTerm: the loss's device
+// functor (loss.hpp). The problem is its base, so the kernel's fields are the problem's.
+template <int NI, int HP, class LossTerm>
 struct FusedTensorCoreKernel : TensorProblem {
   static constexpr int T = 256, W = T / 32, C = tensor_chunk, MaxOut = 4;
   static constexpr int LDX = NI + 4, LDH = HP + 4, LDW = HP + 4;  // padded rows: conflict-free fragment loads
@@ -70,6 +70,8 @@ struct FusedTensorCoreKernel : TensorProblem {
   static_assert(NI == 32 || NI == 64, "NI: 32 or 64");
   static_assert(HP == 32 || HP == 64 || HP == 128 || HP == 256, "HP: 32, 64, 128 or 256");
   static_assert(KS * BTILES >= W && (W % BMT) == 0, "backward tiles must cover the warps");
+
+  LossTerm loss;
 
   std::size_t scratch_bytes() const { return tensor_scratch_bytes(NI, HP, NO); }
 
@@ -273,8 +275,8 @@ struct FusedTensorCoreKernel : TensorProblem {
             float d = 0.0f;
             if ((learn >> i) & 1u) {
               const float res = p[u][o] + b1[o] - target;
-              d = 2.0f * scale * res;
-              gloss += res * res;
+              d = loss.grad(res, o, scale);
+              gloss += loss.value(res, o);
               gb1[o] += d;
             }
             if (lane == o) ds[r * NO + o] = d;
@@ -397,7 +399,7 @@ struct FusedTensorCoreKernel : TensorProblem {
     } else if (t == NO) {
       float v = 0.0f;
       for (int w = 0; w < W; ++w) v += sl[w];
-      out[ld - 1] = v;  // the sum of squared residuals: the last column
+      out[ld - 1] = v;  // the sum of the loss terms: the last column
     }
   }
 #endif  // __CUDACC__
@@ -406,8 +408,8 @@ struct FusedTensorCoreKernel : TensorProblem {
 #if defined(__CUDACC__)
 // Two blocks an SM (registers capped at 128): one block's barriers and row phases overlap the other's MMAs.
 // At 32 x 256 ptxas spills a little at that cap; one block an SM without spills is slower still.
-template <int NI, int HP>
-__global__ void __launch_bounds__(256, 2) fused_tensor_core(const FusedTensorCoreKernel<NI, HP> k) {
+template <int NI, int HP, class LossTerm>
+__global__ void __launch_bounds__(256, 2) fused_tensor_core(const FusedTensorCoreKernel<NI, HP, LossTerm> k) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ char dpmlp_tensor_smem[];
   k.run(static_cast<int>(threadIdx.x), static_cast<std::int64_t>(blockIdx.x), dpmlp_tensor_smem);
@@ -418,20 +420,20 @@ __global__ void __launch_bounds__(256, 2) fused_tensor_core(const FusedTensorCor
 }
 #endif
 
-template <int NI, int HP>
-inline void launch_tensor(const Kokkos::Cuda& space, const TensorProblem& p) {
-  using kernel_t = FusedTensorCoreKernel<NI, HP>;
-  const kernel_t k{p};
+template <int NI, int HP, class LossTerm>
+inline void launch_tensor(const Kokkos::Cuda& space, const TensorProblem& p, const LossTerm& loss) {
+  using kernel_t = FusedTensorCoreKernel<NI, HP, LossTerm>;
+  const kernel_t k{p, loss};
 #if defined(__CUDACC__)
   // Above 48 KB a kernel must opt in to its dynamic shared memory: once a process (one device a process,
   // as with Kokkos), for the most any output count needs.
   static const cudaError_t opted = cudaFuncSetAttribute(
-      fused_tensor_core<NI, HP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      fused_tensor_core<NI, HP, LossTerm>, cudaFuncAttributeMaxDynamicSharedMemorySize,
       static_cast<int>(tensor_scratch_bytes(NI, HP, kernel_t::MaxOut)));
   if (opted != cudaSuccess) {
     throw Error(std::string("dpmlp: cudaFuncSetAttribute (tensor kernel): ") + cudaGetErrorString(opted));
   }
-  fused_tensor_core<NI, HP><<<static_cast<unsigned>(p.blocks), kernel_t::T, k.scratch_bytes(), space.cuda_stream()>>>(k);
+  fused_tensor_core<NI, HP, LossTerm><<<static_cast<unsigned>(p.blocks), kernel_t::T, k.scratch_bytes(), space.cuda_stream()>>>(k);
   check_tensor_launch();
 #else
   (void)space, (void)k;
