@@ -34,6 +34,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -58,9 +59,11 @@ struct LossWeights {
 
 namespace detail {
 
+// The shortest of %.15g and %.17g that reads back as v (0.3, not 0.29999999999999999).
 inline std::string loss_number(double v) {
   char text[32];
-  std::snprintf(text, sizeof text, "%.17g", v);
+  std::snprintf(text, sizeof text, "%.15g", v);
+  if (std::strtod(text, nullptr) != v) std::snprintf(text, sizeof text, "%.17g", v);
   return text;
 }
 
