@@ -95,7 +95,7 @@ struct TensorMmaKernel : TensorProblem, MmaGroupField<HP == 32> {
                 "mma_scratch_bytes parks two arrays of 32 floats for each of 256 threads");
 
   bool vec16 = false;  // x rows can be copied 16 bytes at a time
-  LossTerm loss;
+  LossTerm loss{};  // set by the launch
 
   std::size_t scratch_bytes() const { return mma_scratch_bytes(HP, NOC, group > 1); }
 
