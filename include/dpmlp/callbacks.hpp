@@ -121,7 +121,7 @@ class ProgressBar {
     sum_ms_ = 0;
     since_draw_ms_ = 0;
     drawn_ = false;
-    val_.reset();
+    has_val_ = false;
     last_step_ = val_step_ = 0;
     if (!active_) return;
     if (mode_ == Mode::automatic) {
@@ -135,7 +135,8 @@ class ProgressBar {
   bool end_step(const StepInfo& s) {
     last_step_ = s.step;
     if (s.val_loss) {
-      val_ = s.val_loss;
+      has_val_ = true;
+      val_ = *s.val_loss;
       val_step_ = s.step;
     }
     if (!active_) return false;
@@ -164,7 +165,8 @@ class ProgressBar {
   // A validation loss evaluated at the end of an epoch: shown from the next line on.
   void end_epoch(const EpochInfo& e) {
     if (e.val_loss) {
-      val_ = e.val_loss;
+      has_val_ = true;
+      val_ = *e.val_loss;
       val_step_ = last_step_;
     }
   }
@@ -173,7 +175,7 @@ class ProgressBar {
     if (!active_) return;
     if (terminal_ && drawn_) std::fputc('\n', out_);
     std::string val;
-    if (val_) val = val_text(" ") + " (step " + std::to_string(val_step_) + ")";
+    if (has_val_) val = val_text(" ") + " (step " + std::to_string(val_step_) + ")";
     std::fprintf(out_, "done %d steps loss %.6g -> %.6g%s in %.3f s\n", r.steps, r.first_loss, r.last_loss,
                  val.c_str(), sum_ms_ / 1000.0);
     std::fflush(out_);
@@ -188,14 +190,15 @@ class ProgressBar {
   std::int64_t total_ = 0;
   int steps_ = 0, every_now_ = 1;
   double sum_ms_ = 0, since_draw_ms_ = 0;
-  std::optional<double> val_;  // the latest validation loss of this run
+  bool has_val_ = false;  // whether this run has reported a validation loss yet; the latest in val_
+  double val_ = 0;
   std::int64_t val_step_ = 0, last_step_ = 0;
 
   // "<gap>val_loss <value>", or "" before the run's first validation loss.
   std::string val_text(const char* gap) const {
-    if (!val_) return {};
+    if (!has_val_) return {};
     char text[64];
-    std::snprintf(text, sizeof text, "%sval_loss %.6g", gap, *val_);
+    std::snprintf(text, sizeof text, "%sval_loss %.6g", gap, val_);
     return text;
   }
 };
