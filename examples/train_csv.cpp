@@ -5,17 +5,21 @@
 //
 // What it does:
 //   1. Rank 0 reads DATA.csv (dpmlp/csv.hpp: a header row, then numbers only) and splits its rows into train
-//      and test with dpmlp::split_rows(rows, F, K): deterministic for a seed, whatever the rank count.
+//      and test with dpmlp::split_rows(rows, F, K), then holds out the validation rows among the training rows
+//      (those split_rows(training rows, V, K + 1) holds out): deterministic for a seed, whatever the rank count.
 //      Only rank 0 needs the file; each rank receives only its rows (MPI_Scatterv, with dpmlp's timeout).
 //   2. Every column but the target is a feature. Features and target are standardized per column
-//      (Standardizer column mode), with statistics fitted on the training rows of all ranks together and
-//      applied to the test rows. Any finite data give finite statistics; a value that would not be finite
+//      (Standardizer column mode), with statistics fitted on the training rows of all ranks together (without
+//      the validation rows) and applied to the validation and test rows. Any finite data give finite statistics; a value that would not be finite
 //      standardized (in float, the training precision: a 1e300 in a test row) is refused on every rank,
 //      naming its column and its line in DATA.csv.
 //   3. An MLP (features -> H relu -> 1) starts from JAX's initialization with PRNGKey(K), scaled 0.1, and
 //      trains data-parallel on the training rows: each rank holds its shard (trainer.shard()); the
 //      gradient is reduced across ranks every step. Rank 0 prints progress (dpmlp::ProgressBar); the loss
-//      shown is the MSE of the standardized target.
+//      shown is the MSE of the standardized target. The validation loss (dpmlp::Validation) is evaluated every
+//      epoch (every step at full batch) or every --validate-every steps; training stops when it has not
+//      improved for --patience evaluations and ends with the best parameters (dpmlp::EarlyStopping with
+//      restore_best; --restore-best no keeps the last).
 //   4. It prints `train mse <g> test mse <g>`: the mean squared errors in the target's original units (past
 //      the double range, e.g. a target of 1e200, printed from their logarithm: 7.1e+398).
 //
@@ -23,15 +27,18 @@
 //   training row once, in an order drawn from --seed and the epoch alone (the same batches at any rank count);
 //   training runs E epochs (--epochs E; default: as many whole epochs as it takes to make at least S steps).
 //   B = 0 (the default) or B >= the number of training rows is full batch: every step uses all training rows.
+// --validation-fraction V (0.15): the share of the training rows held out; 0: none, no early stopping, and
+//   exactly --steps steps. --patience P (100): evaluations without improvement before stopping; 0: never stop.
 // --checkpoint FILE: if FILE exists, training resumes from it (parameters, optimizer state, step count), and
-//   FILE is written at the end. Resume with the same data, --target, --hidden, --optimizer, --seed and
-//   --test-fraction: the standardization is recomputed from the data and the split, not stored in FILE.
+//   FILE is written at the end (after early stopping's restore). Resume with the same data, --target, --hidden,
+//   --optimizer, --seed, --test-fraction and --validation-fraction: the standardization is recomputed from the
+//   data and the split, not stored in FILE. Each run stops early on its own (--patience 0: exactly as one run).
 // --progress: rank 0's progress display (dpmlp::ProgressBar). auto: a live line when stdout is a terminal
 //   and the program was not started by an MPI launcher, plain lines otherwise (a pipe, a file, any mpirun:
 //   OpenMPI gives the ranks a pseudo-terminal as stdout even when its own output goes to a log); bar: the
 //   live line regardless, e.g. under mpirun on an interactive terminal; lines: plain lines; off: none.
-// --write-split FILE: rank 0 writes the split as CSV (`row,set` with row = 0-based data row, set = train or
-//   test), e.g. for benchmarks/ols_reference.py.
+// --write-split FILE: rank 0 writes the split as CSV (`row,set` with row = 0-based data row, set = train,
+//   validation or test), e.g. for benchmarks/ols_reference.py.
 // --export FILE: rank 0 writes the trained model as an ONNX file (dpmlp::save_onnx, in builds with dpmlp::onnx):
 //   input "x" = the raw feature columns, in the CSV's order without the target; output "y" = the target in its
 //   own units (the standardization of both is in the graph). The path is checked before training.

@@ -147,7 +147,7 @@ TEST_CASE("on the training rows, the validation loss is the next step's training
   trainer.set_data(x, y);
   dpmlp::Validation<Trainer> val(trainer, 600, dpmlp::every_steps(1));
   // The same global rows: the validation shard is the training shard here (both whole blocks of 600 rows).
-  REQUIRE(all(val.shard().first_row == trainer.shard().first_row && val.shard().rows() == trainer.shard().rows()));
+  REQUIRE(dpmlp_test::all(val.shard().first_row == trainer.shard().first_row && val.shard().rows() == trainer.shard().rows()));
   val.set_data(x, y);
   dpmlp::LossHistory history;
   trainer.train(6, val, history);
@@ -300,19 +300,19 @@ TEST_CASE("bad validation inputs are refused on every rank", "[validation][mpi]"
   dpmlp::Mlp<float, Memory> model = initial_model();
   Trainer trainer(MPI_COMM_WORLD, model, 600, dpmlp::Adam(0.01));
   using V = dpmlp::Validation<Trainer>;
-  CHECK(all(refuses([&] { V(trainer, 0); }, "dpmlp::Validation: an empty validation set (0 rows)")));
-  CHECK(all(refuses([&] { V(trainer, 100, dpmlp::every_steps(0)); }, "validate every 0 steps: it must be at least 1")));
-  CHECK(all(refuses([&] { V(trainer, 100, dpmlp::every_epochs(-2)); }, "validate every -2 epochs")));
+  CHECK(dpmlp_test::all(refuses([&] { V(trainer, 0); }, "dpmlp::Validation: an empty validation set (0 rows)")));
+  CHECK(dpmlp_test::all(refuses([&] { V(trainer, 100, dpmlp::every_steps(0)); }, "validate every 0 steps: it must be at least 1")));
+  CHECK(dpmlp_test::all(refuses([&] { V(trainer, 100, dpmlp::every_epochs(-2)); }, "validate every -2 epochs")));
   if (size() > 1) {
-    CHECK(all(refuses([&] { V(trainer, 100 + rank()); }, "the ranks passed different validation rows")));
+    CHECK(dpmlp_test::all(refuses([&] { V(trainer, 100 + rank()); }, "the ranks passed different validation rows")));
   }
   V val(trainer, 100, dpmlp::every_steps(2));
-  CHECK(all(refuses([&] { val.evaluate(); }, "set_data() first")));
+  CHECK(dpmlp_test::all(refuses([&] { val.evaluate(); }, "set_data() first")));
   // Mismatched columns: 7 inputs for a model of 8.
   Matrix x7("x7", val.shard().rows(), 7), y("y", val.shard().rows(), 1), x("x", val.shard().rows(), 8);
-  CHECK(all(refuses([&] { val.set_data(x7, y); }, "dpmlp::Validation::set_data: x is ")));
+  CHECK(dpmlp_test::all(refuses([&] { val.set_data(x7, y); }, "dpmlp::Validation::set_data: x is ")));
   Matrix y2("y2", val.shard().rows(), 2);
-  CHECK(all(refuses([&] { val.set_data(x, y2); }, "dpmlp::Validation::set_data: y is ")));
+  CHECK(dpmlp_test::all(refuses([&] { val.set_data(x, y2); }, "dpmlp::Validation::set_data: y is ")));
   // A NaN on the last rank that holds validation rows only: every rank refuses.
   int last = val.shard().rows() > 0 ? rank() : -1;
   MPI_Allreduce(MPI_IN_PLACE, &last, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
@@ -323,7 +323,7 @@ TEST_CASE("bad validation inputs are refused on every rank", "[validation][mpi]"
     h(0, 3) = std::nanf("");
     Kokkos::deep_copy(xn, h);
   }
-  CHECK(all(refuses([&] { val.set_data(xn, y); }, "rank " + std::to_string(last) + ": dpmlp::Validation::set_data: x has a non-finite value")));
+  CHECK(dpmlp_test::all(refuses([&] { val.set_data(xn, y); }, "rank " + std::to_string(last) + ": dpmlp::Validation::set_data: x has a non-finite value")));
   // EarlyStopping that must watch val_loss, in a run without validation.
   Matrix tx, ty;
   Problem p;
@@ -332,7 +332,7 @@ TEST_CASE("bad validation inputs are refused on every rank", "[validation][mpi]"
   trainer.set_data(tx, ty);
   dpmlp::EarlyStopping stop(3);
   stop.monitor(dpmlp::EarlyStopping::Monitor::val_loss);
-  CHECK(all(refuses([&] { trainer.train(5, stop); }, "it monitors val_loss, but no callback of this run reports one")));
+  CHECK(dpmlp_test::all(refuses([&] { trainer.train(5, stop); }, "it monitors val_loss, but no callback of this run reports one")));
   // The trainer is still usable afterwards.
   CHECK(trainer.train(2).steps == 2);
 }

@@ -222,7 +222,8 @@ class DataParallelTrainer {
   // begin_training(const TrainInfo&), end_step(const StepInfo&) -> bool, end_training(const TrainResult&)).
   // Each step's loss is read on the host after the step, so this adds one host synchronization per step;
   // an end_step returning true stops training after that step (every rank sees the same loss, so every
-  // rank stops at the same step).
+  // rank stops at the same step). A validation callback's validate hook (validation.hpp) runs after the step
+  // and before the end_step hooks, which see its value in StepInfo::val_loss.
   template <class Callback, class... More>
   TrainResult train(int steps, Callback&& callback, More&&... more) {
     begin_run(steps);
