@@ -10,7 +10,13 @@
 #            constructed, set_data and train called, the evaluator in a user kernel
 # Goal: trainer - bare <= GOAL seconds (default 3).
 #
-# Usage: benchmarks/compile_time.sh [--runs N] [--goal S] [--cxx g++] [--diagnose]
+# CUDA builds: --cxx <Kokkos' nvcc_wrapper> with KOKKOS_INCLUDE pointing at a CUDA Kokkos and the CUDA flags
+# in CXXFLAGS_EXTRA (e.g. "-extended-lambda -arch=sm_90 -DDPMLP_HAVE_CUBLAS=1 -DDPMLP_HAVE_CUTLASS=1
+# -isystem <cutlass>/include"). --kernels-once compiles the TUs as CMake's dpmlp::dpmlp target does by
+# default there (DPMLP_CUDA_KERNELS_SEPARATE: dpmlp's CUDA kernels compiled once, in dpmlp_cuda_kernels) and
+# also times that library's one TU (src/cuda_kernels.cpp), which a build pays once, not per TU.
+#
+# Usage: benchmarks/compile_time.sh [--runs N] [--goal S] [--cxx g++] [--kernels-once] [--diagnose]
 #   --diagnose  also prints, for the trainer TU, the include count and the heaviest headers (-H), and
 #               the top phases of -ftime-report
 # Environment: KOKKOS_INCLUDE (default /usr/include/trilinos, Debian's Kokkos 3.4), EIGEN_INCLUDE (default
@@ -22,13 +28,15 @@ RUNS=5
 GOAL=3
 CXX="${CXX:-g++}"
 DIAGNOSE=0
+KERNELS_ONCE=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --runs) RUNS="$2"; shift 2 ;;
     --goal) GOAL="$2"; shift 2 ;;
     --cxx) CXX="$2"; shift 2 ;;
     --diagnose) DIAGNOSE=1; shift ;;
-    -h|--help) sed -n '3,19p' "$0"; exit 0 ;;
+    --kernels-once) KERNELS_ONCE=1; shift ;;
+    -h|--help) sed -n '3,25p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
 done
@@ -43,6 +51,7 @@ MPI_FLAGS="$(mpicxx --showme:compile 2>/dev/null || true)"
 # OMPI_SKIP_MPICXX / MPICH_SKIP_MPICXX: the dpmlp::dpmlp target's INTERFACE definitions (a CMake user gets them).
 FLAGS=(-O2 -std=c++17 -I"$ROOT/include" -isystem "$KOKKOS_INCLUDE" $MPI_FLAGS -isystem "$EIGEN_INCLUDE"
        -DOMPI_SKIP_MPICXX=1 -DMPICH_SKIP_MPICXX=1 ${CXXFLAGS_EXTRA:-})
+[ "$KERNELS_ONCE" = 1 ] && FLAGS+=(-DDPMLP_CUDA_KERNELS_SEPARATE=1)
 
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/dpmlp_compile_time.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
@@ -109,6 +118,8 @@ int main(int argc, char* argv[]) {
 }
 EOF
 
+cp "$ROOT/src/cuda_kernels.cpp" "$WORK/kernels.cpp"
+
 compile_seconds() {  # compile_seconds <tu>: one compile, wall seconds on stdout
   local t0 t1
   t0=$(date +%s.%N)
@@ -123,6 +134,7 @@ echo "compiler:  $($CXX --version | head -1)"
 echo "flags:     ${FLAGS[*]}"
 echo "machine:   $(nproc) cores; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 TUS=(bare include trainer)
+[ "$KERNELS_ONCE" = 1 ] && TUS+=(kernels)
 declare -A TIMES
 # Warm the file cache. nvcc (Kokkos' nvcc_wrapper for CUDA) has no -fsyntax-only: a full compile there.
 if "$CXX" --version 2>/dev/null | grep -q nvcc; then
@@ -147,6 +159,9 @@ DIFF=$(awk -v a="${MED[trainer]}" -v b="${MED[bare]}" 'BEGIN { print a - b }')
 printf '\nheaders alone (include - bare):   %+.2f s\n' "$INC"
 printf 'realistic TU (trainer - bare):    %+.2f s   goal <= %s s: %s\n' "$DIFF" "$GOAL" \
   "$(awk -v d="$DIFF" -v g="$GOAL" 'BEGIN { print (d <= g ? "PASS" : "MISSED") }')"
+if [ "$KERNELS_ONCE" = 1 ]; then
+  printf 'once a build (dpmlp_cuda_kernels): %.2f s\n' "${MED[kernels]}"
+fi
 
 if [ "$DIAGNOSE" = 1 ]; then
   echo

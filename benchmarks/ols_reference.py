@@ -9,7 +9,8 @@ train_csv's test MSE is held to.
   mpirun -np 2 build/examples/train_csv /tmp/diabetes.csv --target target --write-split /tmp/split.csv ...
   python3 benchmarks/ols_reference.py /tmp/diabetes.csv --target target --split /tmp/split.csv [--json]
 
-OLS here: y = X b + c with an intercept, fitted by numpy.linalg.lstsq on the training rows (the features are
+OLS here: y = X b + c with an intercept, fitted by numpy.linalg.lstsq on the training rows (train_csv's
+`train` and `validation` rows: every row but the test rows) (the features are
 not standardized: OLS with an intercept is invariant to that). Prints `train mse <g> test mse <g>`, the
 errors in the target's units, like train_csv.
 """
@@ -30,6 +31,8 @@ def read_csv(path):
 
 
 def read_split(path, rows):
+    """The rows OLS fits on: every row but the test rows (train_csv's validation rows too: OLS has nothing to
+    tune, so it fits on all the rows train_csv may use)."""
     train = np.zeros(rows, dtype=bool)
     seen = np.zeros(rows, dtype=bool)
     with open(path, newline="") as f:
@@ -37,7 +40,7 @@ def read_split(path, rows):
         for r in reader:
             i = int(r["row"])
             seen[i] = True
-            train[i] = r["set"].strip() == "train"
+            train[i] = r["set"].strip() != "test"
     if not seen.all():
         sys.exit(f"{path}: the split does not cover all {rows} rows")
     return train

@@ -3,7 +3,11 @@
 # -P check_train_csv.cmake):
 #   - a CSV made here, y = 3 x1 - 2 x2 + noise (400 rows, noise uniform on [-0.5, 0.5), variance 1/12),
 #     trains to a test MSE near the noise level;
-#   - 150 + 150 steps through --checkpoint end with the same numbers as 300 steps in one go;
+#   - by default 48 of the 320 training rows are held out for validation (--write-split marks them), the
+#     validation loss is shown and early stopping watches it; --validation-fraction 0 trains exactly --steps
+#     steps on all training rows; bad validation options are refused;
+#   - without early stopping (--patience 0), 150 + 150 steps through --checkpoint end with the same numbers as
+#     300 steps in one go;
 #   - ragged, non-numeric, NaN, empty, header-only CSVs and a missing --target column are refused on every rank
 #     with the file and line number, exit code 2; so is --epochs 0;
 #   - mini-batches (--batch 64 --epochs 60) also reach the noise level, and 30 + 30 epochs through
@@ -86,18 +90,44 @@ set(test_mse ${CMAKE_MATCH_2})
 if(NOT test_mse LESS 0.125 OR NOT train_mse LESS 0.125 OR NOT test_mse GREATER 0.04)
   message(FATAL_ERROR "expected train and test MSE near the noise variance 0.0833, got ${train_mse} and ${test_mse}")
 endif()
-if(NOT out MATCHES "train 320 rows, test 80" OR NOT out MATCHES "\nstep 300/300 loss " OR NOT out MATCHES "\ndone 300 steps")
-  message(FATAL_ERROR "the header or the progress lines are missing")
+if(NOT out MATCHES "train 320 rows, test 80 \\(seed 3\\); 48 of the training rows held out for validation"
+   OR NOT out MATCHES "\nstep [0-9]+/300 loss [^ ]+ val_loss " OR NOT out MATCHES "\ndone [0-9]+ steps"
+   OR NOT out MATCHES "\n# early stopping: validation loss every step, patience 100"
+   OR NOT out MATCHES "\n# validation mse [^ ]+ \\(48 rows\\)\n")
+  message(FATAL_ERROR "the header, the validation lines or the progress lines are missing")
+endif()
+
+# ---- validation options: none (exactly --steps steps), every N steps, the split file, refusals
+run_train_csv(out err rc "${WORK}/linear.csv" ${common} --steps 40 --validation-fraction 0 --write-split "${WORK}/nv.csv")
+file(READ "${WORK}/nv.csv" nv_split)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "\ndone 40 steps" OR out MATCHES "validation" OR out MATCHES "val_loss"
+   OR nv_split MATCHES "validation")
+  message(FATAL_ERROR "--validation-fraction 0: expected 40 steps and no validation, exit ${rc}\n${out}\n${err}")
+endif()
+run_train_csv(out err rc "${WORK}/linear.csv" ${common} --steps 40 --validate-every 10 --patience 1
+              --write-split "${WORK}/v.csv")
+file(READ "${WORK}/v.csv" v_split)
+string(REGEX MATCHALL ",validation" v_rows "${v_split}")
+list(LENGTH v_rows n_v)
+string(REGEX MATCHALL ",test" t_rows "${v_split}")
+list(LENGTH t_rows n_t)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "validation loss every 10 steps, patience 1" OR NOT n_v EQUAL 48 OR NOT n_t EQUAL 80)
+  message(FATAL_ERROR "--validate-every 10: exit ${rc}, ${n_v} validation and ${n_t} test rows in the split\n${out}\n${err}")
+endif()
+
+# ---- without early stopping, the same 300 steps as 150 + 150 through a checkpoint: the same numbers (with it,
+# each run stops and restores on its own)
+run_train_csv(out err rc "${WORK}/linear.csv" ${common} --steps 300 --patience 0)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "\nstep 300/300 loss " OR NOT out MATCHES "\ndone 300 steps")
+  message(FATAL_ERROR "--patience 0: expected all 300 steps, exit ${rc}\n${out}\n${err}")
 endif()
 string(REGEX MATCH "train mse [^\n]+" one_go "${out}")
-
-# ---- the same 300 steps as 150 + 150 through a checkpoint: the same numbers
 file(REMOVE "${WORK}/run.ckpt")
-run_train_csv(out err rc "${WORK}/linear.csv" ${common} --steps 150 --checkpoint "${WORK}/run.ckpt")
+run_train_csv(out err rc "${WORK}/linear.csv" ${common} --steps 150 --patience 0 --checkpoint "${WORK}/run.ckpt")
 if(NOT rc EQUAL 0 OR NOT EXISTS "${WORK}/run.ckpt")
   message(FATAL_ERROR "train_csv --checkpoint (first half) exited ${rc}\n${out}\n${err}")
 endif()
-run_train_csv(out err rc "${WORK}/linear.csv" ${common} --steps 150 --checkpoint "${WORK}/run.ckpt")
+run_train_csv(out err rc "${WORK}/linear.csv" ${common} --steps 150 --patience 0 --checkpoint "${WORK}/run.ckpt")
 message(STATUS "resumed:\n${out}")
 if(NOT rc EQUAL 0 OR NOT out MATCHES "resumed from [^\n]*run.ckpt at step 150" OR NOT out MATCHES "\nstep 300/300 loss ")
   message(FATAL_ERROR "train_csv --checkpoint (second half) exited ${rc} or did not resume\n${out}\n${err}")
@@ -130,6 +160,10 @@ expect_refusal(empty.csv "" "empty\\.csv: empty file")
 expect_refusal(header.csv "x1,x2,y\n" "header\\.csv:1: no data rows")
 expect_refusal(notarget.csv "${head}" "notarget\\.csv:1: no column 'z' \\(the header has: x1, x2, y\\)" --target z)
 expect_refusal(epochs.csv "${head}" "--epochs must be positive" --batch 1 --epochs 0)
+expect_refusal(vfrac.csv "${head}" "--validation-fraction must be in \\[0, 1\\)" --validation-fraction 1)
+expect_refusal(patience.csv "${head}" "--patience must not be negative" --patience -1)
+expect_refusal(vevery.csv "${head}" "--validate-every must be positive" --validate-every 0)
+expect_refusal(restore.csv "${head}" "--restore-best must be yes or no, got 'maybe'" --restore-best maybe)
 # Command-line numbers (examples/cli.hpp): read whole, and an int option past int's range refused, not wrapped.
 expect_refusal(steps_range.csv "${head}" "--steps: out of range: '4294967297'" --steps 4294967297)
 expect_refusal(steps_text.csv "${head}" "--steps: not an integer: '12x'" --steps 12x)
@@ -174,14 +208,14 @@ if(NOT rc EQUAL 2 OR NOT err MATCHES "rank 0\\): [^\n]*nowhere\\.csv: cannot ope
   message(FATAL_ERROR "a missing file: expected exit 2 and the message on both ranks, got ${rc}\n${err}")
 endif()
 
-# --batch at least the training rows is full batch, and accepted.
-run_train_csv(out err rc "${WORK}/linear.csv" ${common} --steps 5 --batch 320)
+# --batch at least the training rows (272 after the 48 validation rows) is full batch, and accepted.
+run_train_csv(out err rc "${WORK}/linear.csv" ${common} --steps 5 --batch 272)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "--batch 320 (all training rows) should be accepted; exit ${rc}\n${err}")
 endif()
 
 # ---- mini-batches: 64 rows a step (5 steps an epoch of 320 rows), shuffled every epoch
-run_train_csv(out err rc "${WORK}/linear.csv" ${common} --batch 64 --epochs 60)
+run_train_csv(out err rc "${WORK}/linear.csv" ${common} --batch 64 --epochs 60 --patience 0)
 message(STATUS "linear.csv, mini-batches:\n${out}")
 if(NOT rc EQUAL 0 OR NOT out MATCHES "mini-batches of 64 rows, 60 epochs of 5 steps" OR NOT out MATCHES "\ndone 300 steps")
   message(FATAL_ERROR "train_csv --batch 64 --epochs 60 exited ${rc} or printed no mini-batch header\n${out}\n${err}")
@@ -191,8 +225,8 @@ if(NOT out MATCHES "\ntrain mse ([^ ]+) test mse ([^ \n]+)\n" OR NOT CMAKE_MATCH
 endif()
 string(REGEX MATCH "train mse [^\n]+" mb_one_go "${out}")
 file(REMOVE "${WORK}/mb.ckpt")
-run_train_csv(out err rc "${WORK}/linear.csv" ${common} --batch 64 --epochs 30 --checkpoint "${WORK}/mb.ckpt")
-run_train_csv(out err rc "${WORK}/linear.csv" ${common} --batch 64 --epochs 30 --checkpoint "${WORK}/mb.ckpt")
+run_train_csv(out err rc "${WORK}/linear.csv" ${common} --batch 64 --epochs 30 --patience 0 --checkpoint "${WORK}/mb.ckpt")
+run_train_csv(out err rc "${WORK}/linear.csv" ${common} --batch 64 --epochs 30 --patience 0 --checkpoint "${WORK}/mb.ckpt")
 string(REGEX MATCH "train mse [^\n]+" mb_resumed "${out}")
 if(NOT rc EQUAL 0 OR NOT out MATCHES "resumed from [^\n]*mb.ckpt at step 150" OR NOT mb_resumed STREQUAL mb_one_go)
   message(FATAL_ERROR "mini-batches, 30 + 30 epochs through a checkpoint gave '${mb_resumed}', 60 epochs '${mb_one_go}'\n${out}\n${err}")

@@ -38,7 +38,7 @@ def check(root, train_mse, test_mse):
     x = data[:, [0, 2, 3]].astype(np.float32)
     y = data[:, 1]
     split = np.loadtxt(f"{root}/split.csv", delimiter=",", skiprows=1, dtype=str)
-    sets = {"train": [], "test": []}
+    sets = {"train": [], "validation": [], "test": []}  # train_csv prints the errors of train and test
     for row, which in split:
         sets[which].append(int(row))
     model = onnx.load(f"{root}/model.onnx")

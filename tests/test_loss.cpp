@@ -209,10 +209,12 @@ std::vector<LossSpec> losses_for(int outputs) {
           {"l1", 1.0, w},    {"huber", 0.5, {}}, {"huber", 1.0, w}};
 }
 
+// The plan for `loss` (its type), or nullopt where the options cannot run here.
+template <class Loss = dpmlp::Mse>
 std::optional<dpmlp::EnginePlan> plan_or_none(const dpmlp::Mlp<float, Memory>& model, std::int64_t rows,
-                                              const dpmlp::EngineOptions& o) {
+                                              const dpmlp::EngineOptions& o, const Loss& = Loss()) {
   try {
-    return dpmlp::detail::BlockEngine<Space, float>::plan(model, o, true, rows, 1);
+    return dpmlp::detail::BlockEngine<Space, float, Loss>::plan(model, o, true, rows, 1);
   } catch (const dpmlp::InputError&) {
     return std::nullopt;
   }
@@ -245,7 +247,7 @@ int check_problem(const Problem& pr, const std::vector<dpmlp::EngineOptions>& co
       huber_regimes[1] += regimes[1];
     }
     for (const auto& o : configs) {
-      if (!plan_or_none(model, pr.rows, o)) continue;
+      if (!with_loss(s, [&](const auto& l) { return plan_or_none(model, pr.rows, o, l).has_value(); })) continue;
       const float loss =
           with_loss(s, [&](const auto& l) { return dpmlp::value_and_grad(Space(), model, x, y, grad, l, o); });
       const auto g = host_vector(grad);
@@ -416,8 +418,8 @@ TEST_CASE("unit weights give the unweighted bits, weights of 2 exactly twice the
       configs.push_back(o);
     }
     for (const auto& o : configs) {
-      if (!plan_or_none(model, pr.rows, o)) continue;
       for (LossSpec s : {LossSpec{"mse", 1.0, {}}, LossSpec{"l1", 1.0, {}}, LossSpec{"huber", 0.7, {}}}) {
+        if (!with_loss(s, [&](const auto& l) { return plan_or_none(model, pr.rows, o, l).has_value(); })) continue;
         INFO("loss " << s.name() << ", " << pr.widths.size() << " layers, " << describe(o));
         auto vag = [&](const Kokkos::View<float*, Memory>& into) {
           return with_loss(s, [&](const auto& l) { return dpmlp::value_and_grad(Space(), model, x, y, into, l, o); });
@@ -436,6 +438,33 @@ TEST_CASE("unit weights give the unweighted bits, weights of 2 exactly twice the
         CHECK(doubled);
       }
     }
+  }
+}
+
+// The tensor engine's kernels are compiled once, for Mse: L1 and Huber run on the fused engine where the tensor
+// engine would run (Engine::automatic), and asking for the tensor engine with them is refused with the reason.
+TEST_CASE("the tensor engine computes Mse; other losses are planned on the other engines", "[loss][tensor]") {
+  using dpmlp::detail::BlockEngine;
+  const dpmlp::Mlp<float, Memory> model({32, 32, 1});
+  dpmlp::EngineOptions tensor;
+  tensor.engine = dpmlp::Engine::tensor;
+  const auto mse = BlockEngine<Space, float>::plan(model, {}, true, 20000, 1);
+  const auto l1 = BlockEngine<Space, float, dpmlp::L1>::plan(model, {}, true, 20000, 1);
+  const auto huber = BlockEngine<Space, float, dpmlp::Huber>::plan(model, {}, true, 20000, 1);
+  CHECK(l1.engine != dpmlp::Engine::tensor);
+  CHECK(huber.engine != dpmlp::Engine::tensor);
+  const std::string why = dpmlp::detail::tensor_unsupported(dpmlp::model_shape(model), BlockEngine<Space, float>::caps(model));
+  const std::string l1_why = dpmlp_test::refusal([&] { BlockEngine<Space, float, dpmlp::L1>::plan(model, tensor, true, 20000, 1); });
+  if (why.empty()) {
+    // Here the tensor engine runs the MSE: the other losses take the fused engine, which this space runs.
+    CHECK(mse.engine == dpmlp::Engine::tensor);
+    CHECK(l1.engine == dpmlp::Engine::fused);
+    CHECK(huber.engine == dpmlp::Engine::fused);
+    CHECK_THAT(l1_why, Catch::Contains("the tensor engine computes the mean squared error (dpmlp::Mse) only, not l1"));
+  } else {
+    CHECK(mse.engine != dpmlp::Engine::tensor);
+    CHECK(l1.engine == mse.engine);
+    CHECK_THAT(l1_why, Catch::Contains(why));  // the space's own reason comes first
   }
 }
 

@@ -3,6 +3,7 @@
 // and mini-batches; the loss it reports is the loss's value; bad or mismatched losses are refused on every rank.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -10,6 +11,8 @@
 #include "check_util.hpp"
 #include "mpi_test_util.hpp"
 #include "trainer_test_util.hpp"
+
+#include <dpmlp/validation.hpp>
 
 using namespace dpmlp_test;
 
@@ -48,9 +51,17 @@ Run train_loss(MPI_Comm comm, const Problem& p, const Loss& loss, const dpmlp::T
   return run;
 }
 
+// Whether `opt`'s engine runs `loss` for model `widths` here (the tensor engine computes Mse alone).
+template <class Loss>
+bool runs(const std::vector<int>& widths, const Loss&, const dpmlp::TrainerOptions& opt) {
+  const dpmlp::Mlp<float, Memory> model(widths);
+  return refusal([&] { dpmlp::detail::BlockEngine<Space, float, Loss>::plan(model, opt, true, 1000, 1); }).empty();
+}
+
 template <class Loss>
 void check_same_bits(const Problem& p, const Loss& loss, const dpmlp::TrainerOptions& opt, const std::string& what,
                      std::int64_t batch = 0) {
+  if (!runs(p.widths, loss, opt)) return;
   const Run multi = train_loss(MPI_COMM_WORLD, p, loss, opt, 6, batch);
   const Run single = train_loss(MPI_COMM_SELF, p, loss, opt, 6, batch);
   INFO(loss.describe() << ", " << what << ", " << p.widths.size() << " layers, rows " << p.rows << ", batch " << batch
@@ -140,4 +151,43 @@ TEST_CASE("bad or mismatched losses are refused on every rank", "[loss][trainer]
              Contains("the ranks were given different losses"));
   // The same loss on every rank is fine.
   CHECK(make(dpmlp::Huber(0.5, {1.0, 2.0})).empty());
+}
+
+namespace {
+// The validation loss of a fresh model under `loss` over `comm`: 300 held-out rows.
+template <class Loss>
+double validation_loss(MPI_Comm comm, const Problem& p, const Loss& loss) {
+  dpmlp::Mlp<float, Memory> model(p.widths, p.activation);
+  model.init_jax(dpmlp::random::PRNGKey(p.seed + 1), 0.3f);
+  LossTrainer<Loss> trainer(comm, model, p.rows, dpmlp::Sgd(0.05), loss);
+  dpmlp::Validation<LossTrainer<Loss>> val(trainer, 300, dpmlp::every_steps(1));
+  Problem held_out = p;
+  held_out.seed = p.seed + 7;
+  Matrix x, y;
+  draw_rows(held_out, val.shard().first_row, val.shard().rows(), x, y);
+  val.set_data(x, y);
+  return val.evaluate();
+}
+}  // namespace
+
+TEST_CASE("validation evaluates the trainer's loss", "[loss][validation]") {
+  Problem p;
+  p.widths = {5, 12, 3};
+  const auto huber = dpmlp::Huber(0.4, {1.0, 3.0, 0.5});
+  const double multi = validation_loss(MPI_COMM_WORLD, p, huber);
+  const double single = validation_loss(MPI_COMM_SELF, p, huber);
+  CHECK(std::memcmp(&multi, &single, sizeof multi) == 0);  // the same bits at any rank count
+  // value_and_grad's Huber loss of the same rows (in float: within float rounding of the double sum).
+  dpmlp::Mlp<float, Memory> model(p.widths, p.activation);
+  model.init_jax(dpmlp::random::PRNGKey(p.seed + 1), 0.3f);
+  Problem held_out = p;
+  held_out.seed = p.seed + 7;
+  Matrix x, y;
+  draw_rows(held_out, 0, 300, x, y);
+  Kokkos::View<float*, Memory> grad("grad", model.num_params());
+  const double want = dpmlp::value_and_grad(Space(), model, x, y, grad, huber);
+  const double mse = dpmlp::value_and_grad(Space(), model, x, y, grad, dpmlp::Mse());
+  INFO("validation " << multi << ", value_and_grad " << want << ", mse " << mse);
+  CHECK(std::fabs(multi - want) <= 1e-6 * want);
+  CHECK(std::fabs(multi - mse) > 0.1 * mse);
 }

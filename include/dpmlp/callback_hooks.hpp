@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <type_traits>
 #include <utility>
 
@@ -42,6 +43,24 @@ struct has_end_epoch : std::false_type {};
 template <class C>
 struct has_end_epoch<C, std::void_t<decltype(std::declval<C&>().end_epoch(std::declval<const EpochInfo&>()))>>
     : std::true_type {};
+
+// A validation callback's hooks (validation.hpp): std::optional<double> validate(const StepInfo&) after every
+// step, validate(const EpochInfo&) after every whole epoch; a value is the validation loss of that point.
+template <class C, class = void>
+struct has_validate_step : std::false_type {};
+template <class C>
+struct has_validate_step<C, std::void_t<decltype(std::declval<C&>().validate(std::declval<const StepInfo&>()))>>
+    : std::true_type {};
+template <class C, class = void>
+struct has_validate_epoch : std::false_type {};
+template <class C>
+struct has_validate_epoch<C, std::void_t<decltype(std::declval<C&>().validate(std::declval<const EpochInfo&>()))>>
+    : std::true_type {};
+// Whether any of the callbacks reports a validation loss (TrainInfo::validation).
+template <class... C>
+constexpr bool any_validates() {
+  return ((has_validate_step<std::decay_t<C>>::value || has_validate_epoch<std::decay_t<C>>::value) || ... || false);
+}
 
 // hook(cb) for each callback, in order, that has the hook Has detects.
 template <template <class, class> class Has, class Hook, class... C>
@@ -91,6 +110,22 @@ bool call_end_epoch(const EpochInfo& info, C&... cbs) {
   each_with<has_end_epoch>([&](auto& cb) { stop = asks_to_stop([&] { return cb.end_epoch(info); }) || stop; },
                            cbs...);
   return stop;
+}
+// Every callback's validate hook for this point, in order (each may be collective: every one is called, on
+// every rank alike); the value is the first one reported, or empty.
+template <class Info, class... C>
+std::optional<double> call_validate(const Info& info, C&... cbs) {
+  std::optional<double> first;
+  auto one = [&](auto& cb) {
+    std::optional<double> v = cb.validate(info);
+    if (!first) first = v;
+  };
+  if constexpr (std::is_same<Info, StepInfo>::value) {
+    each_with<has_validate_step>(one, cbs...);
+  } else {
+    each_with<has_validate_epoch>(one, cbs...);
+  }
+  return first;
 }
 template <class... C>
 void call_end(const TrainResult& r, C&... cbs) {

@@ -251,12 +251,14 @@ class DataParallelTrainer {
   // begin_training(const TrainInfo&), end_step(const StepInfo&) -> bool, end_training(const TrainResult&)).
   // Each step's loss is read on the host after the step, so this adds one host synchronization per step;
   // an end_step returning true stops training after that step (every rank sees the same loss, so every
-  // rank stops at the same step).
+  // rank stops at the same step). A validation callback's validate hook (validation.hpp) runs after the step
+  // and before the end_step hooks, which see its value in StepInfo::val_loss.
   template <class Callback, class... More>
   TrainResult train(int steps, Callback&& callback, More&&... more) {
     begin_run(steps);
     ensure_engine();
     TrainInfo info{steps, steps_done_, comm_.rank(), comm_.size()};
+    info.validation = detail::any_validates<Callback, More...>();
     detail::call_begin(info, callback, more...);
     int done = 0;
     bool stop = false;
@@ -309,6 +311,8 @@ class DataParallelTrainer {
     const int total = static_cast<int>(per_epoch * epochs - first_step);
     begin_run(total);
     TrainInfo info{total, steps_done_, comm_.rank(), comm_.size()};
+    info.epochs = true;
+    info.validation = detail::any_validates<Callbacks...>();
     detail::call_begin(info, callbacks...);
     int done = 0;
     bool stop = false;
@@ -352,7 +356,9 @@ class DataParallelTrainer {
               Kokkos::HostSpace(), Kokkos::subview(losses_, std::make_pair(epoch_start, done)));
           double sum = 0;
           for (std::size_t i = 0; i < losses.extent(0); ++i) sum += static_cast<double>(losses(i));
-          const EpochInfo ei{epoch + 1, n, sum / static_cast<double>(n)};
+          EpochInfo ei{epoch + 1, n, sum / static_cast<double>(n)};
+          // Between steps (no capture is open): a validation callback evaluates here, collectively.
+          ei.val_loss = detail::call_validate(ei, callbacks...);
           stop = detail::call_end_epoch(ei, callbacks...) || stop;
         }
       }
@@ -362,7 +368,8 @@ class DataParallelTrainer {
     return r;
   }
 
-  // One step of a run with callbacks: begin_step, the step (`enqueue`), its loss read on the host, end_step.
+  // One step of a run with callbacks: begin_step, the step (`enqueue`), its loss read on the host, the
+  // validate hooks (StepInfo::val_loss), end_step.
   // `done`: the steps this run took before it. True when a callback asks to stop.
   template <class Enqueue, class... Callbacks>
   bool step_with_callbacks(int done, const Enqueue& enqueue, Callbacks&... callbacks) {
@@ -374,8 +381,11 @@ class DataParallelTrainer {
     Kokkos::deep_copy(space_, loss, Kokkos::subview(losses_, done));
     compat::fence(space_, "dpmlp::DataParallelTrainer (callbacks)");
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    return detail::call_end_step(StepInfo{steps_done_ + done + 1, done + 1, static_cast<double>(loss), ms},
-                                 callbacks...);
+    StepInfo info{steps_done_ + done + 1, done + 1, static_cast<double>(loss), ms};
+    // The step has run (no capture is open): a validation callback evaluates here, collectively, and every
+    // end_step sees its loss.
+    info.val_loss = detail::call_validate(info, callbacks...);
+    return detail::call_end_step(info, callbacks...);
   }
 
   // Steps taken so far (over all train() calls). A checkpoint restores it (the optimizer's step count).

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "dpmlp/comm/timed.hpp"
 #include "dpmlp/engine/options.hpp"
@@ -64,12 +65,19 @@ struct TrainInfo {
   int steps;                 // steps asked for in this train() call
   std::int64_t steps_before;  // steps taken before it
   int rank, size;
+  bool epochs = false;       // train_epochs: end_epoch hooks follow each whole epoch; train(): every step is a
+                             // full pass over the data
+  bool validation = false;   // a callback of this run reports a validation loss (a `validate` hook:
+                             // StepInfo::val_loss, EpochInfo::val_loss)
 };
 struct StepInfo {
   std::int64_t step;  // steps taken so far, over all train() calls
   int step_in_run;    // 1-based within this train() call
-  double loss;        // this step's loss (the mean over all ranks' rows)
+  double loss;        // this step's loss (the mean over all ranks' rows), computed before the step's update
   double step_ms;     // wall time of the step, including the loss read
+  // The validation loss of the parameters after this step's update, where a validation callback evaluated it
+  // after this step (dpmlp::Validation: every N steps); the same bits on every rank. Empty otherwise.
+  std::optional<double> val_loss = std::nullopt;
 };
 
 // What an end_epoch hook is told (train_epochs).
@@ -77,6 +85,9 @@ struct EpochInfo {
   std::int64_t epoch;  // epochs completed so far, over all calls (this one included)
   int steps;           // mini-batch steps in this epoch
   double mean_loss;    // the mean of this epoch's batch losses
+  // The validation loss of the parameters at the end of this epoch, where a validation callback evaluated it
+  // (dpmlp::Validation: every N epochs); the same bits on every rank. Empty otherwise.
+  std::optional<double> val_loss = std::nullopt;
 };
 
 }  // namespace dpmlp

@@ -54,6 +54,13 @@ class BlockEngine {
 #else
   static constexpr bool tensor_space = false;
 #endif
+  // Whether the tensor engine computes this loss: its kernels are compiled once, for Mse (any output weights)
+  // alone (backend/cuda/tensor_engine.hpp); the plan runs other losses on the fused or layered engine.
+  static constexpr bool tensor_loss = std::is_same_v<Loss, Mse>;
+  static std::string tensor_loss_unavailable() {
+    return std::string("the tensor engine computes the mean squared error (dpmlp::Mse) only, not ") + Loss::name() +
+           " (the fused and layered engines compute every loss)";
+  }
 
   BlockEngine() = default;
   // An engine for `rows` rows (this rank's shard) that runs `plan` and learns `loss`.
@@ -114,6 +121,7 @@ class BlockEngine {
       c.multiprocessors = d.sms;
       c.shared_memory_optin = static_cast<std::size_t>(d.smem_optin > 0 ? d.smem_optin : 0);
       if constexpr (tensor_space) c.tensor_unavailable = backend::tensor_cores_unavailable();
+      if (c.tensor_unavailable.empty() && !tensor_loss) c.tensor_unavailable = tensor_loss_unavailable();
     }
 #endif
     c.team_scratch = max_scratch_bytes();
@@ -419,7 +427,7 @@ class BlockEngine {
   void compute_tensor(const ExecSpace& space, const const_matrix& x, const const_matrix& y, Scalar scale,
                       const RowWindow& window) const {
 #if defined(KOKKOS_ENABLE_CUDA)
-    if constexpr (tensor_space) {
+    if constexpr (tensor_space && tensor_loss) {
       backend::TensorProblem p;
       p.x = x.data();
       p.y = y.data();
@@ -442,12 +450,14 @@ class BlockEngine {
       p.kernel = plan_.kernel == Kernel::tensor_warp_matrix         ? backend::TensorLaunch::warp_matrix
                  : plan_.kernel == Kernel::tensor_register_resident ? backend::TensorLaunch::register_resident
                                                                     : backend::TensorLaunch::register_resident_paired;
-      backend::compute_tensor(space, p, term_, plan_.leaf_group);
+      for (int j = 0; j < LossWeights<float>::inline_count; ++j) p.loss_weights[j] = term_.w.first[j];
+      backend::compute_tensor(space, p, plan_.leaf_group);
       return;
     }
 #endif
     (void)space, (void)x, (void)y, (void)scale, (void)window;
-    throw InputError("dpmlp: the tensor engine runs on CUDA execution spaces in float only");
+    throw InputError(tensor_space ? tensor_loss_unavailable()
+                                  : "dpmlp: the tensor engine runs on CUDA execution spaces in float only");
   }
 
  private:

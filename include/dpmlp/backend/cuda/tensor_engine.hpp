@@ -7,29 +7,46 @@
 // on the block's rows and the model's widths, so a step's bits do not depend on the rank count. Each kernel is
 // launched on the Kokkos::Cuda instance's stream (so CUDA-graph capture and stream order are kept) by CUDA's
 // own launch: Kokkos caps team scratch at 48 KB, and they need more shared memory (up to ~150 KB a block).
+// The kernels are compiled where backend/cuda/entry.hpp says (in this translation unit, or once in the
+// dpmlp_cuda_kernels library).
 #pragma once
 
 #include <Kokkos_Core.hpp>
 
 #if defined(KOKKOS_ENABLE_CUDA)
 
+#include "dpmlp/backend/cuda/entry.hpp"
+#include "dpmlp/backend/cuda/tensor_shapes.hpp"
+
+namespace dpmlp {
+namespace backend {
+
+// One step's per-block partial sums on tensor cores, by p.kernel, for the mean squared error with the output
+// weights p.loss_weights (dpmlp::Mse, loss.hpp). group: blocks a row of partials sums (1, or mma_group_blocks
+// for the register-resident kernels at 32 or fewer hidden units and one output). The kernels take the loss's
+// term as a template argument; this entry point, compiled once, instantiates Mse's alone (another loss would
+// multiply the kernels compiled), so the engine plan runs other losses on the fused or layered engine
+// (BlockEngine::caps).
+DPMLP_CUDA_ENTRY void compute_tensor(const Kokkos::Cuda& space, const TensorProblem& p, int group = 1);
+
+}  // namespace backend
+}  // namespace dpmlp
+
+#if defined(DPMLP_CUDA_KERNELS_HERE)
+
 #include <string>
 #include <type_traits>
 
 #include "dpmlp/backend/cuda/tensor_mma.hpp"
 #include "dpmlp/backend/cuda/tensor_pair.hpp"
-#include "dpmlp/backend/cuda/tensor_shapes.hpp"
 #include "dpmlp/backend/cuda/tensor_wmma.hpp"
 #include "dpmlp/errors.hpp"
+#include "dpmlp/loss.hpp"
 
 namespace dpmlp {
 namespace backend {
 
-// One step's per-block partial sums on tensor cores, by p.kernel, for the loss whose device functor is `loss`
-// (loss.hpp). group: blocks a row of partials sums (1, or mma_group_blocks for the register-resident kernels
-// at 32 or fewer hidden units and one output).
-template <class LossTerm>
-inline void compute_tensor(const Kokkos::Cuda& space, const TensorProblem& p, const LossTerm& loss, int group = 1) {
+DPMLP_CUDA_ENTRY void compute_tensor(const Kokkos::Cuda& space, const TensorProblem& p, int group) {
   if (p.rows == 0 || p.blocks == 0) return;
   const bool resident = p.kernel != TensorLaunch::warp_matrix;
   if (group != 1 && (!resident || group != mma_group_blocks || tensor_hp(p.H) != 32 || p.NO != 1)) {
@@ -37,6 +54,9 @@ inline void compute_tensor(const Kokkos::Cuda& space, const TensorProblem& p, co
                 "only the register-resident kernel takes, as 8, at 32 or fewer hidden units and one output");
   }
   const bool narrow = tensor_ni(p.n_in) == 32;
+  LossWeights<float> weights;
+  for (int j = 0; j < LossWeights<float>::inline_count; ++j) weights.first[j] = p.loss_weights[j];
+  const auto loss = Mse().term<float>(weights);
   const auto launch = [&](auto hp) {
     constexpr int HP = decltype(hp)::value;
     if (resident) {
@@ -57,5 +77,7 @@ inline void compute_tensor(const Kokkos::Cuda& space, const TensorProblem& p, co
 
 }  // namespace backend
 }  // namespace dpmlp
+
+#endif  // DPMLP_CUDA_KERNELS_HERE
 
 #endif  // KOKKOS_ENABLE_CUDA

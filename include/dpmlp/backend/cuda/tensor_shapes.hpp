@@ -107,6 +107,7 @@ struct TensorProblem {
   int n_in = 0, H = 0, NO = 1;
   std::int64_t w0off = 0, b0off = 0, w1off = 0, b1off = 0;
   float scale = 1;
+  float loss_weights[4] = {1, 1, 1, 1};  // the MSE's output weights (loss.hpp), 1 past the outputs
   Activation act = Activation::relu;
   detail::RowWindow window;
   TensorLaunch kernel = TensorLaunch::warp_matrix;

@@ -1,0 +1,173 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// dpmlp/backend/cuda/cutlass_3xtf32_kernels.hpp: the CUTLASS kernels behind cutlass_3xtf32::gemm() (see
+// cutlass_3xtf32.hpp for what they compute and why their bits do not depend on the row or block count).
+// Included by cutlass_3xtf32.hpp where backend/cuda/entry.hpp says the kernels are compiled.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/thread/linear_combination.h>
+#include <cutlass/gemm/device/gemm_universal.h>
+
+#include "dpmlp/backend/cuda/cutlass_3xtf32.hpp"
+#include "dpmlp/errors.hpp"
+
+namespace dpmlp {
+namespace linalg {
+namespace cutlass_3xtf32 {
+namespace detail {
+
+// One epilogue type for all three, chosen at run time (a branch uniform over the grid): a kernel per tile and
+// layout serves every epilogue, so a program compiles 8 kernels, not one per tile, layout and epilogue. The
+// linear form is CUTLASS's LinearCombination itself (its bits, and its skipping the source where beta is 0).
+template <int Count>
+class RowsEpilogue : public cutlass::epilogue::thread::LinearCombination<float, Count, float, float> {
+ public:
+  using Base = cutlass::epilogue::thread::LinearCombination<float, Count, float, float>;
+  using FragmentOutput = typename Base::FragmentOutput;
+  using FragmentSource = typename Base::FragmentSource;
+  using FragmentAccumulator = typename Base::FragmentAccumulator;
+  struct Params : Base::Params {
+    Epi kind = Epi::linear;
+    Activation act = Activation::identity;
+    CUTLASS_HOST_DEVICE Params() {}
+    CUTLASS_HOST_DEVICE Params(float alpha, float beta, Epi k, Activation a)
+        : Base::Params(alpha, beta), kind(k), act(a) {}
+  };
+  CUTLASS_HOST_DEVICE explicit RowsEpilogue(const Params& p) : Base(p), kind_(p.kind), act_(p.act) {}
+  CUTLASS_HOST_DEVICE bool is_source_needed() const { return kind_ != Epi::linear || Base::is_source_needed(); }
+  CUTLASS_HOST_DEVICE FragmentOutput operator()(const FragmentAccumulator& acc, const FragmentSource& src) const {
+    if (kind_ == Epi::linear) return Base::operator()(acc, src);
+    FragmentOutput out;
+    if (kind_ == Epi::bias_activation) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < Count; ++i) out[i] = dpmlp::detail::activate(act_, acc[i] + src[i]);
+    } else {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < Count; ++i) out[i] = acc[i] * dpmlp::detail::activate_grad_from_output(act_, src[i]);
+    }
+    return out;
+  }
+  // Called only where is_source_needed() is false: the linear form with beta 0.
+  CUTLASS_HOST_DEVICE FragmentOutput operator()(const FragmentAccumulator& acc) const { return Base::operator()(acc); }
+
+ private:
+  Epi kind_;
+  Activation act_;
+};
+
+// One kernel: layouts of A and B, C's vector width, the tile (threadblock and warp shapes; k is 16 in all)
+// and the pipeline depth.
+template <class LayoutA, class LayoutB, int AlignC, int TM, int TN, int WM, int WN, int Stages>
+struct Kernel {
+  using Epilogue = RowsEpilogue<AlignC>;
+  using Gemm = cutlass::gemm::device::GemmUniversal<
+      float, LayoutA, float, LayoutB, float, cutlass::layout::RowMajor, float, cutlass::arch::OpClassTensorOp,
+      cutlass::arch::Sm80, cutlass::gemm::GemmShape<TM, TN, 16>, cutlass::gemm::GemmShape<WM, WN, 16>,
+      cutlass::gemm::GemmShape<16, 8, 8>, Epilogue,
+      cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<1>, Stages, 4, 4, cutlass::arch::OpMultiplyAddFastF32>;
+};
+
+// The epilogue's source operand: the old C (linear, read where beta != 0), the bias broadcast over the rows
+// (leading dimension and batch stride 0), or the activations Y.
+struct Source {
+  const float* ptr = nullptr;
+  std::int64_t ld = 0, stride = 0;
+  Epi kind = Epi::linear;
+  Activation act = Activation::identity;
+};
+
+// A batch runs on the grid's z dimension, at most 65535 entries a launch: longer batches go in chunks (the
+// entries are independent, so chunking changes no bits, and what runs here never depends on the batch count).
+template <class K>
+void launch_chunk(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Source& src);
+
+template <class K>
+void launch(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Source& src) {
+  constexpr std::int64_t most = 65535;
+  if (g.batch <= most) {
+    launch_chunk<K>(space, g, src);
+    return;
+  }
+  for (std::int64_t first = 0; first < g.batch; first += most) {
+    BatchedGemm<float> part = g;
+    part.batch = g.batch - first < most ? g.batch - first : most;
+    part.a = g.a + first * g.stride_a;
+    part.b = g.b + first * g.stride_b;
+    part.c = g.c + first * g.stride_c;
+    Source s = src;
+    if (s.ptr != nullptr) s.ptr += first * s.stride;
+    launch_chunk<K>(space, part, s);
+  }
+}
+
+template <class K>
+void launch_chunk(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Source& src) {
+  using Gemm = typename K::Gemm;
+  typename Gemm::Arguments args(cutlass::gemm::GemmUniversalMode::kBatched, cutlass::gemm::GemmCoord(g.m, g.n, g.k),
+                                static_cast<int>(g.batch), typename K::Epilogue::Params(g.alpha, g.beta, src.kind, src.act), g.a, g.b,
+                                src.ptr, g.c, g.stride_a, g.stride_b, src.stride, g.stride_c, g.lda, g.ldb, src.ld,
+                                g.ldc);
+  Gemm op;
+  cutlass::Status s = op.can_implement(args);
+  if (s == cutlass::Status::kSuccess) s = op.initialize(args, nullptr, space.cuda_stream());
+  if (s == cutlass::Status::kSuccess) s = op.run(space.cuda_stream());
+  if (s != cutlass::Status::kSuccess) {
+    throw CommError(std::string("dpmlp: CUTLASS 3xTF32 GEMM (") + std::to_string(g.m) + " x " + std::to_string(g.n) +
+                    " x " + std::to_string(g.k) + ", batch " + std::to_string(g.batch) +
+                    "): " + cutlass::cutlassGetStatusString(s));
+  }
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw CommError(std::string("dpmlp: CUTLASS 3xTF32 GEMM launch: ") + cudaGetErrorString(e));
+}
+
+using Row = cutlass::layout::RowMajor;
+using Col = cutlass::layout::ColumnMajor;
+
+// Rows x weights (op N N or N T): small tiles for fewer rows than fill the GPU with large ones (a mini-batch),
+// else the tile from n.
+template <class LayoutB>
+void rows_kernel(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Source& src) {
+  if (g.m < 16384) {
+    launch<Kernel<Row, LayoutB, 4, 64, 64, 32, 32, 3>>(space, g, src);
+  } else if (g.n >= 128) {
+    launch<Kernel<Row, LayoutB, 4, 128, 128, 32, 64, 4>>(space, g, src);
+  } else {
+    launch<Kernel<Row, LayoutB, 4, 128, 64, 64, 32, 4>>(space, g, src);
+  }
+}
+
+}  // namespace detail
+
+DPMLP_CUDA_ENTRY void gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Epilogue& e) {
+  using namespace detail;
+  if (!takes(g, e)) throw std::logic_error("dpmlp::linalg::cutlass_3xtf32::gemm: a GEMM it does not take");
+  Source src;
+  src.kind = e.kind, src.act = e.act;
+  switch (e.kind) {
+    case Epi::linear: src.ptr = g.c, src.ld = g.ldc, src.stride = g.stride_c; break;
+    case Epi::bias_activation: src.ptr = e.src; break;  // ld and stride 0: the same row for every row
+    case Epi::activation_grad: src.ptr = e.src, src.ld = e.ld; break;
+  }
+  if (g.op_a == Op::T) {
+    // Per-block weight gradients: n_in x n_out outputs a block, k the block's rows; C element by element.
+    if (g.m >= 128 && g.n >= 128) {
+      launch<Kernel<Col, Row, 1, 128, 128, 32, 64, 4>>(space, g, src);
+    } else {
+      launch<Kernel<Col, Row, 1, 64, 64, 32, 32, 3>>(space, g, src);
+    }
+  } else if (g.op_b == Op::T) {
+    rows_kernel<Col>(space, g, src);
+  } else {
+    rows_kernel<Row>(space, g, src);
+  }
+}
+
+}  // namespace cutlass_3xtf32
+}  // namespace linalg
+}  // namespace dpmlp
