@@ -22,54 +22,67 @@ namespace linalg {
 namespace cutlass_3xtf32 {
 namespace detail {
 
-// One epilogue type for all three, chosen at run time (a branch uniform over the grid): a kernel per tile and
-// layout serves every epilogue, so a program compiles 8 kernels, not one per tile, layout and epilogue. The
-// linear form is CUTLASS's LinearCombination itself (its bits, and its skipping the source where beta is 0).
-template <int Count>
-class RowsEpilogue : public cutlass::epilogue::thread::LinearCombination<float, Count, float, float> {
+// The fused epilogues (Epi::bias_activation, Epi::activation_grad), one type each, chosen at compile time: a
+// runtime choice among them in one epilogue type makes the width-64 GEMMs of a deep model several percent slower.
+template <int Count, Epi E>
+class ActivationEpilogue : public cutlass::epilogue::thread::LinearCombination<float, Count, float, float> {
  public:
   using Base = cutlass::epilogue::thread::LinearCombination<float, Count, float, float>;
   using FragmentOutput = typename Base::FragmentOutput;
   using FragmentSource = typename Base::FragmentSource;
   using FragmentAccumulator = typename Base::FragmentAccumulator;
   struct Params : Base::Params {
-    Epi kind = Epi::linear;
     Activation act = Activation::identity;
     CUTLASS_HOST_DEVICE Params() {}
-    CUTLASS_HOST_DEVICE Params(float alpha, float beta, Epi k, Activation a)
-        : Base::Params(alpha, beta), kind(k), act(a) {}
+    CUTLASS_HOST_DEVICE explicit Params(Activation a) : Base::Params(1.0f, 1.0f), act(a) {}
   };
-  CUTLASS_HOST_DEVICE explicit RowsEpilogue(const Params& p) : Base(p), kind_(p.kind), act_(p.act) {}
-  CUTLASS_HOST_DEVICE bool is_source_needed() const { return kind_ != Epi::linear || Base::is_source_needed(); }
+  CUTLASS_HOST_DEVICE explicit ActivationEpilogue(const Params& p) : Base(p), act_(p.act) {}
+  CUTLASS_HOST_DEVICE bool is_source_needed() const { return true; }
   CUTLASS_HOST_DEVICE FragmentOutput operator()(const FragmentAccumulator& acc, const FragmentSource& src) const {
-    if (kind_ == Epi::linear) return Base::operator()(acc, src);
     FragmentOutput out;
-    if (kind_ == Epi::bias_activation) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < Count; ++i) out[i] = dpmlp::detail::activate(act_, acc[i] + src[i]);
-    } else {
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < Count; ++i) out[i] = acc[i] * dpmlp::detail::activate_grad_from_output(act_, src[i]);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < Count; ++i) {
+      if constexpr (E == Epi::bias_activation) {
+        out[i] = dpmlp::detail::activate(act_, acc[i] + src[i]);
+      } else {
+        out[i] = acc[i] * dpmlp::detail::activate_grad_from_output(act_, src[i]);
+      }
     }
     return out;
   }
-  // Called only where is_source_needed() is false: the linear form with beta 0.
-  CUTLASS_HOST_DEVICE FragmentOutput operator()(const FragmentAccumulator& acc) const { return Base::operator()(acc); }
+  // Not called (the source is always needed); here for the interface.
+  CUTLASS_HOST_DEVICE FragmentOutput operator()(const FragmentAccumulator& acc) const {
+    FragmentOutput out;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < Count; ++i) out[i] = acc[i];
+    return out;
+  }
 
  private:
-  Epi kind_;
   Activation act_;
 };
 
-// One kernel: layouts of A and B, C's vector width, the tile (threadblock and warp shapes; k is 16 in all)
-// and the pipeline depth.
-template <class LayoutA, class LayoutB, int AlignC, int TM, int TN, int WM, int WN, int Stages>
+template <int AlignC, Epi E>
+struct EpilogueOf {
+  using type = ActivationEpilogue<AlignC, E>;
+  static typename type::Params params(float, float, Activation act) { return typename type::Params(act); }
+};
+template <int AlignC>
+struct EpilogueOf<AlignC, Epi::linear> {
+  using type = cutlass::epilogue::thread::LinearCombination<float, AlignC, float, float>;
+  static typename type::Params params(float alpha, float beta, Activation) { return typename type::Params(alpha, beta); }
+};
+
+
+// One kernel: layouts of A and B, C's vector width, the tile (threadblock and warp shapes; k is 16 in all),
+// the pipeline depth and the epilogue.
+template <class LayoutA, class LayoutB, int AlignC, int TM, int TN, int WM, int WN, int Stages, Epi E>
 struct Kernel {
-  using Epilogue = RowsEpilogue<AlignC>;
+  using Epilogue = EpilogueOf<AlignC, E>;
   using Gemm = cutlass::gemm::device::GemmUniversal<
       float, LayoutA, float, LayoutB, float, cutlass::layout::RowMajor, float, cutlass::arch::OpClassTensorOp,
       cutlass::arch::Sm80, cutlass::gemm::GemmShape<TM, TN, 16>, cutlass::gemm::GemmShape<WM, WN, 16>,
-      cutlass::gemm::GemmShape<16, 8, 8>, Epilogue,
+      cutlass::gemm::GemmShape<16, 8, 8>, typename Epilogue::type,
       cutlass::gemm::threadblock::GemmIdentityThreadblockSwizzle<1>, Stages, 4, 4, cutlass::arch::OpMultiplyAddFastF32>;
 };
 
@@ -78,7 +91,6 @@ struct Kernel {
 struct Source {
   const float* ptr = nullptr;
   std::int64_t ld = 0, stride = 0;
-  Epi kind = Epi::linear;
   Activation act = Activation::identity;
 };
 
@@ -110,7 +122,7 @@ template <class K>
 void launch_chunk(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Source& src) {
   using Gemm = typename K::Gemm;
   typename Gemm::Arguments args(cutlass::gemm::GemmUniversalMode::kBatched, cutlass::gemm::GemmCoord(g.m, g.n, g.k),
-                                static_cast<int>(g.batch), typename K::Epilogue::Params(g.alpha, g.beta, src.kind, src.act), g.a, g.b,
+                                static_cast<int>(g.batch), K::Epilogue::params(g.alpha, g.beta, src.act), g.a, g.b,
                                 src.ptr, g.c, g.stride_a, g.stride_b, src.stride, g.stride_c, g.lda, g.ldb, src.ld,
                                 g.ldc);
   Gemm op;
@@ -129,16 +141,16 @@ void launch_chunk(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const 
 using Row = cutlass::layout::RowMajor;
 using Col = cutlass::layout::ColumnMajor;
 
-// Rows x weights (op N N or N T): small tiles for fewer rows than fill the GPU with large ones (a mini-batch),
-// else the tile from n.
-template <class LayoutB>
+// Rows x weights (op N N or N T) with epilogue E: small tiles for fewer rows than fill the GPU with large ones
+// (a mini-batch), else the tile from n.
+template <class LayoutB, Epi E>
 void rows_kernel(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Source& src) {
   if (g.m < 16384) {
-    launch<Kernel<Row, LayoutB, 4, 64, 64, 32, 32, 3>>(space, g, src);
+    launch<Kernel<Row, LayoutB, 4, 64, 64, 32, 32, 3, E>>(space, g, src);
   } else if (g.n >= 128) {
-    launch<Kernel<Row, LayoutB, 4, 128, 128, 32, 64, 4>>(space, g, src);
+    launch<Kernel<Row, LayoutB, 4, 128, 128, 32, 64, 4, E>>(space, g, src);
   } else {
-    launch<Kernel<Row, LayoutB, 4, 128, 64, 64, 32, 4>>(space, g, src);
+    launch<Kernel<Row, LayoutB, 4, 128, 64, 64, 32, 4, E>>(space, g, src);
   }
 }
 
@@ -148,7 +160,7 @@ DPMLP_CUDA_ENTRY void gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& 
   using namespace detail;
   if (!takes(g, e)) throw std::logic_error("dpmlp::linalg::cutlass_3xtf32::gemm: a GEMM it does not take");
   Source src;
-  src.kind = e.kind, src.act = e.act;
+  src.act = e.act;
   switch (e.kind) {
     case Epi::linear: src.ptr = g.c, src.ld = g.ldc, src.stride = g.stride_c; break;
     case Epi::bias_activation: src.ptr = e.src; break;  // ld and stride 0: the same row for every row
@@ -157,14 +169,16 @@ DPMLP_CUDA_ENTRY void gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& 
   if (g.op_a == Op::T) {
     // Per-block weight gradients: n_in x n_out outputs a block, k the block's rows; C element by element.
     if (g.m >= 128 && g.n >= 128) {
-      launch<Kernel<Col, Row, 1, 128, 128, 32, 64, 4>>(space, g, src);
+      launch<Kernel<Col, Row, 1, 128, 128, 32, 64, 4, Epi::linear>>(space, g, src);
     } else {
-      launch<Kernel<Col, Row, 1, 64, 64, 32, 32, 3>>(space, g, src);
+      launch<Kernel<Col, Row, 1, 64, 64, 32, 32, 3, Epi::linear>>(space, g, src);
     }
   } else if (g.op_b == Op::T) {
-    rows_kernel<Col>(space, g, src);
+    if (e.kind == Epi::activation_grad) rows_kernel<Col, Epi::activation_grad>(space, g, src);
+    else rows_kernel<Col, Epi::linear>(space, g, src);
   } else {
-    rows_kernel<Row>(space, g, src);
+    if (e.kind == Epi::bias_activation) rows_kernel<Row, Epi::bias_activation>(space, g, src);
+    else rows_kernel<Row, Epi::linear>(space, g, src);
   }
 }
 
