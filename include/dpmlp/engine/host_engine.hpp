@@ -14,7 +14,8 @@
 // fma(a_k, w_k, ...) chained from the bias over k = 0, 1, ...; each gradient element is chained from zero over
 // the block's rows in order (chunk after chunk); the delta of a layer is chained from zero over the next
 // layer's outputs in order; the loss is summed row by row. Vectors hold different elements' chains, never
-// parts of one, so neither the vector width nor the tile shape nor the thread changes a bit: the AVX-512,
+// parts of one (a one-output layer's dot product excepted: its fixed lanes and their fixed pairwise sum, the
+// same in every kernel), so neither the vector width nor the tile shape nor the thread changes a bit: the AVX-512,
 // AVX2 and portable kernels (chosen at run time by what the CPU has) give the same partial sums, and so do 1
 // or many threads and any rank count.
 #pragma once
@@ -80,6 +81,12 @@ inline HostIsa host_isa() {
 constexpr int host_chunk_rows = 32;
 // Every padded row is a multiple of 64 bytes: whole vectors for every kernel.
 constexpr int host_pad_bytes = 64;
+
+// The lanes of a one-output layer's dot product (Vec::dot): a padded row's 64 bytes.
+template <class S>
+constexpr int host_dot_lanes() {
+  return host_pad_bytes / static_cast<int>(sizeof(S));
+}
 
 template <class S>
 constexpr int host_pad(int n) {
@@ -167,6 +174,20 @@ struct Vec {
     if (act == Activation::tanh) return d * std::fma(-a, a, S(1));
     return d;
   }
+  // sum over k < n of a[k] * w[k], n a multiple of the lanes: host_dot_lanes<S> chains (lane l: k = l, l +
+  // lanes, ... in order, fma from zero), then the lanes halved pairwise: l + (l + lanes / 2), and so on.
+  static S dot(const S* a, const S* w, int n) {
+    constexpr int lanes = host_dot_lanes<S>();
+    S s[lanes];
+    for (int l = 0; l < lanes; ++l) s[l] = S(0);
+    for (int k = 0; k < n; k += lanes) {
+      for (int l = 0; l < lanes; ++l) s[l] = std::fma(a[k + l], w[k + l], s[l]);
+    }
+    for (int h = lanes / 2; h >= 1; h /= 2) {
+      for (int l = 0; l < h; ++l) s[l] = s[l] + s[l + h];
+    }
+    return s[0];
+  }
 };
 #include "dpmlp/engine/host_kernels.inc"
 }  // namespace host_portable
@@ -211,6 +232,20 @@ struct Vec<float> {
     if (act == Activation::tanh) return _mm256_mul_ps(d, _mm256_fnmadd_ps(a, a, _mm256_set1_ps(1.0f)));
     return d;
   }
+  // The portable Vec::dot's 16 lanes as two registers, then its pairs: l + (l + 8), l + (l + 4), ...
+  static float dot(const float* a, const float* w, int n) {
+    __m256 lo = zero(), hi = zero();
+    for (int k = 0; k < n; k += 16) {
+      lo = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(w + k), lo);
+      hi = _mm256_fmadd_ps(_mm256_loadu_ps(a + k + 8), _mm256_loadu_ps(w + k + 8), hi);
+    }
+    return half8(_mm256_add_ps(lo, hi));
+  }
+  static float half8(__m256 h) {
+    const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    const __m128 e = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    return _mm_cvtss_f32(_mm_add_ss(e, _mm_shuffle_ps(e, e, 1)));
+  }
 };
 template <>
 struct Vec<double> {
@@ -231,6 +266,19 @@ struct Vec<double> {
     if (act == Activation::relu) return _mm256_and_pd(_mm256_cmp_pd(a, zero(), _CMP_GT_OQ), d);
     if (act == Activation::tanh) return _mm256_mul_pd(d, _mm256_fnmadd_pd(a, a, _mm256_set1_pd(1.0)));
     return d;
+  }
+  // The portable Vec::dot's 8 lanes as two registers, then its pairs.
+  static double dot(const double* a, const double* w, int n) {
+    __m256d lo = zero(), hi = zero();
+    for (int k = 0; k < n; k += 8) {
+      lo = _mm256_fmadd_pd(_mm256_loadu_pd(a + k), _mm256_loadu_pd(w + k), lo);
+      hi = _mm256_fmadd_pd(_mm256_loadu_pd(a + k + 4), _mm256_loadu_pd(w + k + 4), hi);
+    }
+    return half4(_mm256_add_pd(lo, hi));
+  }
+  static double half4(__m256d h) {
+    const __m128d q = _mm_add_pd(_mm256_castpd256_pd128(h), _mm256_extractf128_pd(h, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(q, _mm_unpackhi_pd(q, q)));
   }
 };
 #include "dpmlp/engine/host_kernels.inc"
@@ -269,6 +317,14 @@ struct Vec<float> {
     if (act == Activation::tanh) return _mm512_mul_ps(d, _mm512_fnmadd_ps(a, a, _mm512_set1_ps(1.0f)));
     return d;
   }
+  // The portable Vec::dot's 16 lanes in one register, then its pairs (the upper half onto the lower first).
+  static float dot(const float* a, const float* w, int n) {
+    type s = zero();
+    for (int k = 0; k < n; k += 16) s = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(w + k), s);
+    const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s),
+                                   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+    return host_avx2::Vec<float>::half8(h);
+  }
 };
 template <>
 struct Vec<double> {
@@ -289,6 +345,12 @@ struct Vec<double> {
     if (act == Activation::relu) return _mm512_maskz_mov_pd(_mm512_cmp_pd_mask(a, zero(), _CMP_GT_OQ), d);
     if (act == Activation::tanh) return _mm512_mul_pd(d, _mm512_fnmadd_pd(a, a, _mm512_set1_pd(1.0)));
     return d;
+  }
+  // The portable Vec::dot's 8 lanes in one register, then its pairs.
+  static double dot(const double* a, const double* w, int n) {
+    type s = zero();
+    for (int k = 0; k < n; k += 8) s = _mm512_fmadd_pd(_mm512_loadu_pd(a + k), _mm512_loadu_pd(w + k), s);
+    return host_avx2::Vec<double>::half4(_mm256_add_pd(_mm512_castpd512_pd256(s), _mm512_extractf64x4_pd(s, 1)));
   }
 };
 #include "dpmlp/engine/host_kernels.inc"
