@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: BSD-3-Clause
-"""Assembles a CPU run of benchmarks/run_workloads.sh --cpu into one JSON file and prints a Markdown table.
+"""Assembles CPU runs of benchmarks/run_workloads.sh --cpu into one JSON file and prints a Markdown table.
 
-  python3 benchmarks/assemble_cpu_workloads.py OUT_DIR RESULT.json
+  python3 benchmarks/assemble_cpu_workloads.py OUT_DIR [OUT_DIR...] RESULT.json
 
+Several OUT_DIRs (runs of the suite one after the other on a shared machine): each figure is the best of them.
 For each row and thread count: dpmlp as ranks of one thread ("dpmlp-ranks"), as one rank of OpenMP threads
 ("dpmlp-threads", where the run had an OpenMP build), JAX (the faster of its scan and loop variants) and PyTorch
 (the faster of eager and compiled), each the median of its repeats, in ms per 100 steps (full batch) or ms per
@@ -14,13 +15,13 @@ import os
 import sys
 
 
-def load(out):
+def load(out, index):
     runs = []
     with open(os.path.join(out, "workloads.jsonl")) as f:
         for line in f:
             line = line.strip()
             if line.startswith("{"):
-                runs.append(json.loads(line))
+                runs.append(dict(json.loads(line), suite_run=index))
     return runs
 
 
@@ -31,16 +32,20 @@ def figure(run):
 
 
 def main():
-    if len(sys.argv) != 3:
+    if len(sys.argv) < 3:
         print(__doc__, file=sys.stderr)
         return 2
-    out, result = sys.argv[1], sys.argv[2]
-    runs = load(out)
-    meta = {}
-    for name in ("command.txt", "date.txt", "versions.txt", "cpu.txt"):
-        path = os.path.join(out, name)
-        if os.path.exists(path):
-            meta[name.split(".")[0]] = open(path).read().strip()
+    outs, result = sys.argv[1:-1], sys.argv[-1]
+    runs = []
+    meta = []
+    for i, out in enumerate(outs):
+        runs += load(out, i)
+        m = {"suite_run": i}
+        for name in ("command.txt", "date.txt", "versions.txt", "cpu.txt"):
+            path = os.path.join(out, name)
+            if os.path.exists(path):
+                m[name.split(".")[0]] = open(path).read().strip()
+        meta.append(m)
     table = {}
     order = []
     for r in runs:
@@ -57,7 +62,8 @@ def main():
         if best is None or v < best["value"]:
             table[key][tool] = {"value": v, "variant": r.get("variant"), "unit": "ms/epoch" if "ms_per_epoch" in r else "ms/100 steps",
                                 "times_ms": r.get("times_ms"), "params_digest": r.get("params_digest"),
-                                "block_rows": r.get("block_rows"), "engine": r.get("engine")}
+                                "block_rows": r.get("block_rows"), "engine": r.get("engine"),
+                                "suite_run": r["suite_run"]}
     rows = []
     for key in order:
         row, threads = key
