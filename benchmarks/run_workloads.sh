@@ -7,6 +7,14 @@
 # CUDA plugin) and torch importable by $PYTHON (default python3; $JAX_PYTHON and $TORCH_PYTHON override it).
 #
 #   bash benchmarks/run_workloads.sh [--quick] [--list] [SUBSET|ROW]...
+#   bash benchmarks/run_workloads.sh --cpu [--quick] [ROW]...        (the CPU rows, on this machine's cores)
+#
+# --cpu: the CPU rows (cpu_*; --list names them) at each thread count in $THREADS (default "1 2"): dpmlp as
+# that many MPI ranks of one thread each ($B: a CPU build, Serial or OpenMP with one thread a rank), and, where
+# $B_OMP names a build on an OpenMP Kokkos, as one rank of that many OpenMP threads; JAX on the CPU with XLA's
+# intra-op threads and affinity set to that many cores; PyTorch on the CPU with torch.set_num_threads. The deep
+# and million-row rows run fewer than 100 steps (their lines give ms per 100 steps). $BUDGET_S defaults to
+# 3600 there. Then: python3 benchmarks/assemble_cpu_workloads.py $OUT benchmarks/results/<name>.json
 #
 # SUBSET: all (the default), seed, deep, epoch, goals; ROW: a row's name (--list prints them); ROWS="a b"
 # in the environment does the same. --quick: one timed repeat a run instead of three.
@@ -44,6 +52,14 @@ ALL_ROWS=(
   "deep256_adam|--widths 32,256,256,256,1 --rows 1048576 --optimizer adam|--graph|40|150"
   "epoch_deep256|--widths 32,256,256,256,1 --rows 1048576 --mode epoch --batch 4096|--graph|40|150"
 )
+# The CPU rows (--cpu): name | the options all three programs take | dpmlp's own | dpmlp's limit s | each anchor's
+CPU_ROWS=(
+  "cpu_seed20k|--widths 32,32,1 --rows 20000||60|180"
+  "cpu_seed1m|--widths 32,32,1 --rows 1048576 --steps 10||120|300"
+  "cpu_deep64|--widths 32,64,64,64,1 --rows 100000 --steps 10||120|300"
+  "cpu_deep256|--widths 32,256,256,256,1 --rows 100000 --steps 5||180|400"
+  "cpu_epoch_32|--widths 32,32,1 --rows 1048576 --mode epoch --batch 4096||120|300"
+)
 declare -A SUBSETS=(
   [all]="seed20k seed1m epoch_32 epoch_256 wide4m deep64 deep64_f64 deep128x4_4out deep256 deep256_adam epoch_deep256"
   [seed]="seed20k seed1m wide4m"
@@ -53,10 +69,14 @@ declare -A SUBSETS=(
 )
 
 REPEATS=3
+CPU=0
+for arg in "$@"; do [ "$arg" = --cpu ] && CPU=1; done
+if [ $CPU = 1 ]; then ALL_ROWS=("${CPU_ROWS[@]}"); SUBSETS=([all]="cpu_seed20k cpu_seed1m cpu_deep64 cpu_deep256 cpu_epoch_32"); fi
 wanted=()
 for arg in "$@"; do
   case "$arg" in
     -h|--help) usage; exit 0 ;;
+    --cpu) ;;
     --quick) REPEATS=1 ;;
     --list) for r in "${ALL_ROWS[@]}"; do IFS='|' read -r n c d _ _ <<<"$r"; echo "$n: $c ${d:+(dpmlp: $d)}"; done
             for s in "${!SUBSETS[@]}"; do echo "subset $s: ${SUBSETS[$s]}"; done; exit 0 ;;
@@ -78,7 +98,9 @@ ANCHORS="${ANCHORS:-benchmarks/anchors}"
 PYTHON="${PYTHON:-python3}"
 JAX_PYTHON="${JAX_PYTHON:-$PYTHON}"
 TORCH_PYTHON="${TORCH_PYTHON:-$PYTHON}"
-BUDGET_S="${BUDGET_S:-540}"
+if [ $CPU = 1 ]; then BUDGET_S="${BUDGET_S:-3600}"; else BUDGET_S="${BUDGET_S:-540}"; fi
+THREADS="${THREADS:-1 2}"
+B_OMP="${B_OMP:-}"
 mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)"
 if [ -f .carry/builds.tar.xz ] && [ ! -d .carry/build-cuda ]; then tar -xJf .carry/builds.tar.xz -C .carry; fi
 export NCCL_NVLS_ENABLE=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
@@ -90,6 +112,10 @@ DEADLINE=$((START + BUDGET_S))
 echo "$0 $*" >"$OUT/command.txt"
 date -u +"%Y-%m-%dT%H:%M:%SZ" | tee "$OUT/date.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | tee "$OUT/gpus.txt"
+if [ $CPU = 1 ]; then
+  { lscpu | grep -E "^(Model name|CPU\(s\)|Thread|Core|Socket|L1d|L2|L3|Flags)" | sed 's/^Flags:.*avx512f.*/Flags: (avx512f present)/'
+    echo "load at start: $(cat /proc/loadavg)"; } | tee "$OUT/cpu.txt"
+fi
 
 # An error line for a run that left none: {"row", "tool", "error", ...} (python3 writes the JSON, so any
 # message is escaped).
@@ -147,6 +173,32 @@ have_dpmlp=1 have_jax=1 have_torch=1
 "$JAX_PYTHON" -c 'import jax' 2>/dev/null || have_jax=0
 "$TORCH_PYTHON" -c 'import torch' 2>/dev/null || have_torch=0
 
+# One CPU row at every thread count: dpmlp's ranks (and threads, with $B_OMP), then the anchors.
+cpu_row() {
+  local name="$1" t
+  shift
+  for t in $THREADS; do
+    if [ $have_dpmlp = 1 ]; then
+      run "$name" "dpmlp-ranks@$t" "$dlimit" env OMP_NUM_THREADS=1 KOKKOS_NUM_THREADS=1 \
+        mpirun -np "$t" --bind-to core -x OMP_NUM_THREADS -x KOKKOS_NUM_THREADS "$B/benchmarks/workload_bench" "$@" \
+        --allow-cpu-devices --repeats "$REPEATS"
+    fi
+    if [ -n "$B_OMP" ] && [ -x "$B_OMP/benchmarks/workload_bench" ]; then
+      run "$name" "dpmlp-threads@$t" "$dlimit" env OMP_NUM_THREADS="$t" OMP_PROC_BIND=spread OMP_PLACES=cores \
+        mpirun -np 1 --bind-to none -x OMP_NUM_THREADS -x OMP_PROC_BIND -x OMP_PLACES "$B_OMP/benchmarks/workload_bench" \
+        "$@" --allow-cpu-devices --repeats "$REPEATS"
+    fi
+    if [ $have_jax = 1 ]; then
+      run "$name" "jax@$t" "$alimit" env JAX_PLATFORMS=cpu "$JAX_PYTHON" "$ANCHORS/workload_jax.py" "$@" --device cpu \
+        --threads "$t" --repeats "$REPEATS"
+    fi
+    if [ $have_torch = 1 ]; then
+      run "$name" "torch@$t" "$alimit" "$TORCH_PYTHON" "$ANCHORS/workload_torch.py" "$@" --device cpu --threads "$t" \
+        --repeats "$REPEATS"
+    fi
+  done
+}
+
 for w in "${wanted[@]}"; do
   for r in "${ALL_ROWS[@]}"; do
     IFS='|' read -r name common dpmlp_only dlimit alimit <<<"$r"
@@ -154,6 +206,10 @@ for w in "${wanted[@]}"; do
     read -ra args <<<"$common"
     export ROW_OPTIONS="$common"  # for note()
     read -ra own <<<"$dpmlp_only"
+    if [ $CPU = 1 ]; then
+      cpu_row "$name" "${args[@]}"
+      continue
+    fi
     if [ $have_dpmlp = 1 ]; then
       run "$name" dpmlp "$dlimit" mpirun -np 1 -x NCCL_NVLS_ENABLE "$B/benchmarks/workload_bench" "${args[@]}" "${own[@]}" \
         --repeats "$REPEATS"

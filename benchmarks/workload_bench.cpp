@@ -117,7 +117,7 @@ cli::Parser command_line(Options& o) {
   p.value("--precision", "float|double", o.precision, "the trainer's scalar type (Mlp<float> or Mlp<double>)");
   p.value("--reduction", "reproducible|fast", o.reduction,
           "the gradient sum: reproducible (the same bits at any rank count) or fast (the allreduce's order)");
-  p.custom("--engine", "automatic|fused|tensor|layered", dpmlp::engine_name(o.engine), "the per-block gradient engine",
+  p.custom("--engine", "automatic|fused|tensor|layered|host", dpmlp::engine_name(o.engine), "the per-block gradient engine",
            [&o](const cli::Args& a, int& i) { o.engine = dpmlp::engine_from_name(a.value(i)); });
   p.value("--block-rows", "B", o.block_rows, "rows per reduction block; 0 lets the trainer choose");
   p.value("--gemm", "default|cutlass|cublaslt|cublas|portable|eigen", o.gemm,
@@ -336,6 +336,7 @@ int bench(const Options& o, const Optimizer& optimizer) {
             ", \"precision\": " + json_string(o.precision) + ", \"ranks\": " + std::to_string(size) +
             ", \"devices\": " + std::to_string(devices) + ", \"platform\": " +
             json_string(dpmlp::platform_name<ExecSpace>()) + ", \"space\": " + json_string(ExecSpace::name()) +
+            ", \"threads\": " + std::to_string(ExecSpace().concurrency()) +
             ", \"comm\": " + json_string(Comm::name()) + ", \"reduction\": " + json_string(o.reduction) +
             ", \"engine\": " + json_string(dpmlp::engine_name(r.plan.engine)) +
             ", \"kernel\": " + json_string(dpmlp::kernel_name(r.plan.kernel)) +

@@ -28,7 +28,7 @@ void add_options(cli::Parser& p, O& o, const char* comms, const char* steps, con
   p.value("--reduction", "reproducible|fast", o.reduction,
           "the gradient sum: reproducible (the same bits at any rank count) or fast (the allreduce's order)");
   p.value("--block-rows", "B", o.block_rows, "rows per reduction block; 0 lets the trainer choose");
-  p.custom("--engine", "automatic|fused|tensor|layered", dpmlp::engine_name(o.engine), "the per-block gradient engine",
+  p.custom("--engine", "automatic|fused|tensor|layered|host", dpmlp::engine_name(o.engine), "the per-block gradient engine",
            [&o](const cli::Args& a, int& i) { o.engine = dpmlp::engine_from_name(a.value(i)); });
   p.custom("--tensor-kernel", "automatic|warp-matrix|register-resident|register-resident-paired",
            dpmlp::tensor_kernel_name(o.tensor_kernel), "the tensor engine's kernel (EngineOptions::tensor_kernel)",

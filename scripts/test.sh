@@ -28,6 +28,13 @@ fi
 export DPMLP_ONNX_PYTHON="$onnx_venv/bin/python" DPMLP_REQUIRE_ONNX=1
 log "test: ctest in $BUILD_DIR"
 (cd "$BUILD_DIR" && ctest --output-on-failure --no-tests=error -j "$JOBS")
+# On an OpenMP Kokkos (Kokkos_ROOT) the run above includes the two-thread tests (label openmp: the host engine's
+# tests at two threads a rank, and the params digests at 1 and 2 threads and 1-3 ranks compared).
+if (cd "$BUILD_DIR" && ctest -N -L openmp | grep -q "Total Tests: [1-9]"); then
+  log "openmp: the two-thread tests ran (ctest -L openmp)"
+else
+  log "openmp: this Kokkos has no OpenMP backend; Kokkos_ROOT=<an OpenMP Kokkos> runs the two-thread tests too"
+fi
 
 if [ "${DPMLP_SANITIZE:-ON}" != "OFF" ]; then
   san_dir="${BUILD_DIR}-sanitize"

@@ -66,11 +66,21 @@ TEST_CASE("the plan resolves the engine from the model and the space", "[plan]")
   CHECK(plan(shape({64, 256, 4}, Activation::tanh), 20000).engine == Engine::tensor);
   CHECK(plan(shape({32, 64, 64, 1}), 20000).engine == Engine::layered);
   CHECK(plan(shape({65, 32, 1}), 20000).engine == Engine::layered);  // the fused engines take 64 inputs at most
-  // No tensor cores (or double): the fused SIMT kernel on a device, the layered engine on a CPU.
+  // No tensor cores (or double): the fused SIMT kernel on a device; the host engine on a CPU, at any depth,
+  // unless a GEMM backend is asked for (the layered engine's).
   dpmlp::EngineCaps no_tc = h200();
   no_tc.tensor_unavailable = "the tensor engine needs compute capability 8.0 or newer (this device: 7.0)";
   CHECK(plan(shape({32, 32, 1}), 20000, {}, 1, no_tc).engine == Engine::fused);
-  CHECK(plan(shape({32, 32, 1}), 20000, {}, 1, cpu()).engine == Engine::layered);
+  CHECK(plan(shape({32, 32, 1}), 20000, {}, 1, cpu()).engine == Engine::host);
+  CHECK(plan(shape({32, 32, 1}), 20000, {}, 1, cpu()).kernel == Kernel::host);
+  CHECK(plan(shape({32, 256, 256, 256, 1}), 20000, {}, 1, cpu()).engine == Engine::host);
+  dpmlp::EngineOptions eigen;
+  eigen.gemm = dpmlp::linalg::Backend::eigen;
+  CHECK(plan(shape({32, 32, 1}), 20000, eigen, 1, cpu()).engine == Engine::layered);
+  dpmlp::EngineOptions host;
+  host.engine = Engine::host;
+  CHECK_THROWS_WITH(plan(shape({32, 32, 1}), 100, host, 1, no_tc), Catch::Contains("host execution spaces"));
+  CHECK(plan(shape({32, 32, 1}), 100, host, 1, cpu()).sums_key() != plan(shape({32, 32, 1}), 100, eigen, 1, cpu()).sums_key());
   // Asked for, but not possible: refused with the reason.
   dpmlp::EngineOptions tensor;
   tensor.engine = Engine::tensor;
@@ -172,7 +182,19 @@ TEST_CASE("the plan groups leaves where the register-resident kernel fills the G
   CHECK(plan(shape({32, 32, 1}), 1048576, off).leaf_group == 1);
   CHECK_THROWS_WITH(plan(shape({32, 64, 1}), 20000, on), Catch::Contains("leaf groups"));
   CHECK_THROWS_WITH(plan(shape({32, 32, 4}), 20000, on), Catch::Contains("leaf groups"));
-  CHECK_THROWS_WITH(plan(shape({32, 32, 1}), 20000, on, 1, cpu()), Catch::Contains("leaf groups"));
+  dpmlp::EngineOptions eigen_on = on;
+  eigen_on.gemm = dpmlp::linalg::Backend::eigen;  // the layered engine
+  CHECK_THROWS_WITH(plan(shape({32, 32, 1}), 20000, eigen_on, 1, cpu()), Catch::Contains("leaf groups"));
+  // The host engine: the largest group (8, 4, 2, 1) leaving 16 groups a thread over all ranks; on: 8.
+  CHECK(plan(shape({32, 32, 1}), 20000, on, 1, cpu()).leaf_group == 8);
+  CHECK(plan(shape({32, 32, 1}), 20000, off, 1, cpu()).leaf_group == 1);
+  CHECK(plan(shape({32, 32, 1}), 20000, {}, 1, cpu()).leaf_group == 8);  // 313 blocks: 39 groups
+  CHECK(plan(shape({32, 32, 1}), 20000, {}, 2, cpu()).leaf_group == 8);
+  CHECK(plan(shape({32, 32, 1}), 20000, {}, 3, cpu()).leaf_group == 4);
+  dpmlp::EngineCaps many = cpu();
+  many.multiprocessors = 64;  // threads a rank
+  CHECK(plan(shape({32, 32, 1}), 20000, {}, 1, many).leaf_group == 1);
+  CHECK(plan(shape({32, 32, 1}), 20000, {}, 1, many).block_rows == 64);  // the block does not depend on it
 }
 
 TEST_CASE("a forced tensor kernel runs where it can and is refused elsewhere", "[plan]") {

@@ -212,6 +212,94 @@ TEST_CASE("value_and_grad matches an fp64 Eigen reference, depth 1-3", "[mlp]") 
   }
 }
 
+TEST_CASE("host engine: value_and_grad matches an fp64 Eigen reference, deep and wide models", "[mlp][host]") {
+  if (!dpmlp::is_host_space<Space>()) return;  // the host engine runs on host spaces only
+  // Widths that are and are not whole vectors (16 floats), several outputs, blocks that are not whole chunks
+  // (32 rows) and a short last block.
+  const std::vector<Problem> problems = {
+      {{32, 64, 64, 64, 1}, dpmlp::Activation::relu, 1000},   {{32, 256, 256, 256, 1}, dpmlp::Activation::relu, 300},
+      {{7, 40, 17, 33, 3}, dpmlp::Activation::tanh, 523},      {{3, 5, 5, 2}, dpmlp::Activation::identity, 64},
+      {{16, 128, 128, 128, 128, 4}, dpmlp::Activation::tanh, 200}, {{5, 1}, dpmlp::Activation::identity, 37},
+  };
+  std::mt19937 gen(11);
+  for (const auto& pr : problems) {
+    for (std::int64_t block : {std::int64_t(0), std::int64_t(100)}) {
+      check_against_reference(pr, block, dpmlp::Engine::host, gen);
+    }
+  }
+}
+
+namespace {
+// The host engine's gradient and loss (value_and_grad) with its kernels limited to `isa`.
+template <class Scalar>
+std::vector<Scalar> host_grad(const dpmlp::Mlp<Scalar, Memory>& model, const Kokkos::View<Scalar**, Kokkos::LayoutRight, Memory>& x,
+                              const Kokkos::View<Scalar**, Kokkos::LayoutRight, Memory>& y, dpmlp::detail::HostIsa isa,
+                              std::int64_t block, dpmlp::Toggle groups = dpmlp::Toggle::off) {
+  const dpmlp::detail::HostIsa before = dpmlp::detail::host_isa_limit();
+  dpmlp::detail::host_isa_limit() = isa;
+  Kokkos::View<Scalar*, Memory> grad("grad", model.num_params());
+  dpmlp::EngineOptions o;
+  o.engine = dpmlp::Engine::host;
+  o.block_rows = block;
+  o.leaf_groups = groups;
+  const Scalar loss = dpmlp::value_and_grad(Space(), model, x, y, grad, o);
+  dpmlp::detail::host_isa_limit() = before;
+  auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), grad);
+  std::vector<Scalar> out(h.data(), h.data() + h.extent(0));
+  out.push_back(loss);
+  return out;
+}
+
+template <class Scalar>
+void check_host_kernels_agree(const std::vector<int>& widths, dpmlp::Activation act, std::int64_t rows,
+                              std::int64_t block, std::mt19937& gen) {
+  dpmlp::Mlp<Scalar, Memory> model(widths, act);
+  model.init_jax(dpmlp::random::PRNGKey(5), Scalar(0.4));
+  std::normal_distribution<Scalar> nd;
+  Kokkos::View<Scalar**, Kokkos::LayoutRight, Memory> x("x", rows, widths.front()), y("y", rows, widths.back());
+  auto hx = Kokkos::create_mirror_view(x);
+  auto hy = Kokkos::create_mirror_view(y);
+  for (std::size_t i = 0; i < hx.span(); ++i) hx.data()[i] = nd(gen);
+  for (std::size_t i = 0; i < hy.span(); ++i) hy.data()[i] = nd(gen);
+  Kokkos::deep_copy(x, hx);
+  Kokkos::deep_copy(y, hy);
+  using dpmlp::detail::HostIsa;
+  const auto portable = host_grad(model, x, y, HostIsa::portable, block);
+  {
+    // Groups of 8 blocks summed by the engine in the tree's shape (the last group short): the same bits.
+    const auto grouped = host_grad(model, x, y, dpmlp::detail::host_isa_available(), block, dpmlp::Toggle::on);
+    INFO("leaf groups of 8 against none, rows " << rows << ", block " << block);
+    REQUIRE(grouped.size() == portable.size());
+    CHECK(std::memcmp(grouped.data(), portable.data(), grouped.size() * sizeof(Scalar)) == 0);
+  }
+  for (HostIsa isa : {HostIsa::avx2, HostIsa::avx512}) {
+    if (static_cast<int>(dpmlp::detail::host_isa_available()) < static_cast<int>(isa)) {
+      WARN("this CPU has no " << dpmlp::detail::host_isa_name(isa) << " kernel to compare");
+      continue;
+    }
+    const auto v = host_grad(model, x, y, isa, block);
+    INFO(dpmlp::detail::host_isa_name(isa) << " against portable, " << widths.size() - 1 << " layers, first hidden "
+                                           << widths[1] << ", " << dpmlp::activation_name(act) << ", "
+                                           << sizeof(Scalar) * 8 << "-bit, rows " << rows);
+    REQUIRE(v.size() == portable.size());
+    CHECK(std::memcmp(v.data(), portable.data(), v.size() * sizeof(Scalar)) == 0);
+  }
+}
+}  // namespace
+
+TEST_CASE("host engine: its AVX-512, AVX2 and portable kernels give the same bits", "[mlp][host]") {
+  if (!dpmlp::is_host_space<Space>()) return;
+  std::mt19937 gen(13);
+  for (auto act : {dpmlp::Activation::relu, dpmlp::Activation::tanh, dpmlp::Activation::identity}) {
+    check_host_kernels_agree<float>({32, 64, 64, 64, 1}, act, 333, 64, gen);
+    check_host_kernels_agree<float>({7, 40, 17, 33, 3}, act, 200, 48, gen);
+    check_host_kernels_agree<float>({8, 16, 1}, act, 1500, 16, gen);  // 94 blocks: 11 groups of 8 and one of 6
+    check_host_kernels_agree<float>({32, 256, 256, 1}, act, 100, 0, gen);
+    check_host_kernels_agree<double>({32, 64, 64, 64, 1}, act, 333, 64, gen);
+    check_host_kernels_agree<double>({9, 24, 5, 2}, act, 150, 32, gen);
+  }
+}
+
 // The fused one-hidden-layer kernel (engine/fused_simt.hpp) runs here with teams of one thread
 // looping over its 256 logical threads: the same code and the same summation shapes as on a GPU. The
 // shapes cover both input tiers (32, 64), every hidden padding (32 .. 256, both chunk sizes), 1-4 outputs,

@@ -261,10 +261,10 @@ namespace {
 
 // train_epochs on `comm` for the problem; the final parameters.
 std::vector<float> train_minibatch(MPI_Comm comm, const Problem& p, int epochs, std::int64_t batch,
-                                   std::uint64_t seed, const dpmlp::TrainerOptions& opt) {
+                                   std::uint64_t seed, const dpmlp::TrainerOptions& opt, double rate = 0.05) {
   dpmlp::Mlp<float, Memory> model(p.widths, p.activation);
   model.init_jax(dpmlp::random::PRNGKey(p.seed + 1), 0.3f);
-  dpmlp::DataParallelTrainer<Space, dpmlp::MpiCommunicator> trainer(comm, model, p.rows, dpmlp::Sgd(0.05), opt);
+  dpmlp::DataParallelTrainer<Space, dpmlp::MpiCommunicator> trainer(comm, model, p.rows, dpmlp::Sgd(rate), opt);
   Matrix x, y;
   draw_rows(p, trainer.shard().first_row, trainer.shard().rows(), x, y);
   trainer.set_data(x, y);
@@ -319,6 +319,7 @@ TEST_CASE("mini-batches: the same bits at any rank count, every engine", "[train
   p.rows = 1001;
   std::vector<EngineChoice> engines = fused_engines(p.widths, p.activation);
   engines.insert(engines.begin(), EngineChoice{dpmlp::Engine::layered});
+  if (dpmlp::is_host_space<Space>()) engines.insert(engines.begin(), EngineChoice{dpmlp::Engine::host});
   for (const auto& engine : engines) {
     for (std::int64_t batch : {std::int64_t(128), std::int64_t(1001)}) {
       dpmlp::TrainerOptions opt;
@@ -621,3 +622,49 @@ TEST_CASE("peer exchange: a rank that falls behind makes every rank throw CommEr
   CHECK_THAT(message, Catch::Contains("peer exchange") && Catch::Contains("waited more than 1 s"));
 }
 #endif
+
+TEST_CASE("host engine: deep and wide models, full batch and mini-batches, the same bits at any rank count",
+          "[trainer][host]") {
+  if (!dpmlp::is_host_space<Space>()) return;  // the host engine runs on host spaces only
+  struct Case {
+    std::vector<int> widths;
+    dpmlp::Activation act;
+    std::int64_t rows, block;
+  };
+  // Depth 3-4, widths that are and are not whole vectors, several outputs, short last blocks and chunks
+  // (blocks of 100 rows: three chunks of 32 and one of 4), and the default block.
+  const std::vector<Case> cases = {{{32, 64, 64, 64, 1}, dpmlp::Activation::relu, 1001, 100},
+                                   {{7, 40, 17, 33, 3}, dpmlp::Activation::tanh, 523, 48},
+                                   {{32, 256, 256, 1}, dpmlp::Activation::relu, 700, 0},
+                                   {{5, 12, 9, 2}, dpmlp::Activation::identity, 300, 16},
+                                   // 313 blocks: leaf groups of 8 at 1 and 2 ranks, 4 at 3 (the same bits)
+                                   {{8, 16, 1}, dpmlp::Activation::relu, 5000, 16}};
+  for (const auto& c : cases) {
+    Problem p;
+    p.rows = c.rows;
+    p.widths = c.widths;
+    p.activation = c.act;
+    dpmlp::TrainerOptions opt;
+    opt.block_rows = c.block;
+    opt.engine = dpmlp::Engine::host;
+    INFO("widths " << c.widths.size() - 1 << " layers, " << c.widths[1] << " wide, rows " << c.rows << ", block "
+                   << c.block << ", ranks " << size());
+    const Trained multi = train(MPI_COMM_WORLD, p, 6, opt, dpmlp::Sgd(1e-4, 0.9));
+    const Trained single = train_alone(p, 6, opt, dpmlp::Sgd(1e-4, 0.9));
+    CHECK(std::memcmp(multi.params.data(), single.params.data(), multi.params.size() * sizeof(float)) == 0);
+    CHECK(multi.result.last_loss == single.result.last_loss);
+    CHECK(multi.result.last_loss < multi.result.first_loss);
+    // The layered engine computes the same function with other sums: near, not equal.
+    opt.engine = dpmlp::Engine::layered;
+    const Trained layered = train_alone(p, 6, opt, dpmlp::Sgd(1e-4, 0.9));
+    CHECK(max_abs_diff(layered.params, single.params) < 1e-5);
+    CHECK(max_abs_diff(layered.params, single.params) > 0.0);  // really another engine
+    opt.engine = dpmlp::Engine::host;
+    for (std::int64_t batch : {std::int64_t(96), std::int64_t(250)}) {
+      const auto mb_multi = train_minibatch(MPI_COMM_WORLD, p, 2, batch, 7, opt, 1e-4);
+      const auto mb_single = train_minibatch(MPI_COMM_SELF, p, 2, batch, 7, opt, 1e-4);
+      INFO("batch " << batch);
+      CHECK(std::memcmp(mb_multi.data(), mb_single.data(), mb_multi.size() * sizeof(float)) == 0);
+    }
+  }
+}

@@ -696,6 +696,18 @@ class DataParallelTrainer {
     const const_matrix x = x_, y = y_;
     const int nin = model_.inputs(), nout = model_.outputs();
     const auto rows_of = es.order;
+    if constexpr (is_host_space<ExecSpace>()) {
+      // A thread a row: the row's order and its copy together, no index division per element.
+      Kokkos::parallel_for(
+          "dpmlp::epoch_gather_host", Kokkos::RangePolicy<ExecSpace>(space_, 0, global_rows_),
+          [=](const std::int64_t p) {
+            const std::int64_t r = order.row(p);
+            rows_of(p) = r;
+            for (int c = 0; c < nin; ++c) ex(p, c) = x(r, c);
+            for (int c = 0; c < nout; ++c) ey(p, c) = y(r, c);
+          });
+      return;
+    }
     Kokkos::parallel_for(
         "dpmlp::epoch_order", Kokkos::RangePolicy<ExecSpace>(space_, 0, global_rows_),
         KOKKOS_LAMBDA(const std::int64_t p) { rows_of(p) = order.row(p); });

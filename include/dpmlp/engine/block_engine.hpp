@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // dpmlp/engine/block_engine.hpp: the per-step engine that runs an EnginePlan (engine/plan.hpp): forward and
 // backward over one rank's rows, producing per-block partial sums (the gradient and the sum of the loss's
-// terms, loss.hpp) for the block tree. It dispatches to the layered engine (below: a GEMM and an element-wise kernel
-// per layer and phase, any depth, any space), the fused SIMT kernel (engine/fused_simt.hpp) or the tensor
-// engine (backend/cuda/tensor_engine.hpp), and reads what a space offers the planner (engine_caps).
+// terms, loss.hpp) for the block tree. It dispatches to the layered engine (below: a GEMM and an element-wise
+// kernel per layer and phase, any depth, any space), the host engine (engine/host_engine.hpp), the fused SIMT
+// kernel (engine/fused_simt.hpp) or the tensor engine (backend/cuda/tensor_engine.hpp), and reads what a space
+// offers the planner (engine_caps).
 #pragma once
 
 #include <climits>
@@ -16,6 +17,7 @@
 #include "dpmlp/backend/cuda/device.hpp"
 #include "dpmlp/backend/cuda/tensor_engine.hpp"
 #include "dpmlp/engine/fused_simt.hpp"
+#include "dpmlp/engine/host_engine.hpp"
 #include "dpmlp/engine/options.hpp"
 #include "dpmlp/engine/plan.hpp"
 #include "dpmlp/engine/row_window.hpp"
@@ -85,15 +87,28 @@ class BlockEngine {
       lw.all = loss_weights_.data();
       term_ = loss.template term<Scalar>(lw);
     }
-    if (plan_.leaf_group != 1 && !plan.register_resident()) {
+    if (plan_.leaf_group != 1 && !plan.register_resident() && plan.engine != Engine::host) {
       throw InputError("dpmlp: a group of " + std::to_string(plan_.leaf_group) +
-                       " blocks a partial-sum row needs the tensor engine's register-resident kernel");
+                       " blocks a partial-sum row needs the tensor engine's register-resident kernel or the host engine");
     }
     blocks_ = (rows + plan_.block_rows - 1) / plan_.block_rows;
     width_ = static_cast<std::int64_t>(model.num_params()) + 1;
     partials_ = matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::partials"),
                        (blocks_ + plan_.leaf_group - 1) / plan_.leaf_group, width_);
     if (plan.engine == Engine::fused) layout_ = fused_layout(model);  // its shape is fixed now
+    if (plan.engine == Engine::host) {
+      if constexpr (is_host_space<ExecSpace>()) {
+        std::vector<std::size_t> woff, boff;
+        for (int l = 0; l < model.layers(); ++l) {
+          woff.push_back(model.weight_offset(l));
+          boff.push_back(model.bias_offset(l));
+        }
+        host_ = HostEngine<ExecSpace, Scalar>(model.widths(), woff, boff, rows, plan_.block_rows, plan_.leaf_group);
+        return;
+      } else {
+        throw InputError("dpmlp: the host engine runs on host execution spaces (Serial, OpenMP)");
+      }
+    }
     // The fused kernels keep their activations in team scratch.
     if (plan.engine == Engine::fused || plan.engine == Engine::tensor) return;
     int widest = 0;
@@ -124,6 +139,7 @@ class BlockEngine {
       if (c.tensor_unavailable.empty() && !tensor_loss) c.tensor_unavailable = tensor_loss_unavailable();
     }
 #endif
+    if constexpr (is_host_space<ExecSpace>()) c.multiprocessors = ExecSpace().concurrency();  // threads a rank
     c.team_scratch = max_scratch_bytes();
     if (fused_team) c.fused_team_size = fused_team_size(model);
     c.gemm_reproducible = linalg::default_backend<ExecSpace>(true);
@@ -253,6 +269,13 @@ class BlockEngine {
     if (rows_ == 0) return;
     if (plan_.engine == Engine::tensor) {
       compute_tensor(space, x, y, scale, window);
+      return;
+    }
+    if (plan_.engine == Engine::host) {
+      if constexpr (is_host_space<ExecSpace>()) {
+        host_.compute(space, model_.activation(), model_.params().data(), x.data(), x.extent(1) > 0 ? x.stride(0) : 0,
+                      y.data(), y.extent(1) > 0 ? y.stride(0) : 0, scale, window, partials_.data(), width_, term_);
+      }
       return;
     }
     if (plan_.engine == Engine::fused) {
@@ -545,6 +568,7 @@ class BlockEngine {
   FusedLayout layout_;  // the fused kernel's shape (Engine::fused only)
   loss_term term_;      // the loss's device functor (its weights point into loss_weights_)
   Kokkos::View<Scalar*, memory_space> loss_weights_;
+  HostEngine<ExecSpace, Scalar> host_;  // Engine::host only
   matrix partials_;
   std::vector<matrix> acts_;
   matrix delta_[2];

@@ -16,11 +16,14 @@ namespace dpmlp {
 //   fused      one SIMT kernel a step for one-hidden-layer models, fp32 FMA (any space; engine/fused_simt.hpp)
 //   tensor     the same work on NVIDIA tensor cores in fp32-equivalent 3xTF32 (CUDA spaces, float, compute
 //              capability 8.0 or newer; backend/cuda/)
-//   layered    a GEMM and an element-wise kernel per layer and phase; any depth, any space
-//   automatic  tensor where it can run, else fused on device spaces when the model fits it, else layered
-//              (host spaces: the layered GEMMs are Eigen's)
+//   layered    a GEMM and an element-wise kernel per layer and phase; any depth, any space (host spaces: the
+//              GEMMs are Eigen's)
+//   host       host spaces (Serial, OpenMP): any depth, each block's rows through the whole model in one pass,
+//              in vectorized fused multiply-adds (engine/host_engine.hpp)
+//   automatic  tensor where it can run, else fused on device spaces when the model fits it, else layered;
+//              on host spaces host (layered where a GEMM backend is asked for)
 // Every engine is reproducible across rank counts; different engines give different last bits.
-enum class Engine { automatic, fused, layered, tensor };
+enum class Engine { automatic, fused, layered, tensor, host };
 
 // Which of the tensor engine's kernels runs (EngineOptions::tensor_kernel).
 //   automatic                 the plan's choice (engine/plan.hpp says how it chooses)
@@ -42,16 +45,17 @@ inline const char* engine_name(Engine e) {
     case Engine::fused: return "fused";
     case Engine::layered: return "layered";
     case Engine::tensor: return "tensor";
+    case Engine::host: return "host";
   }
   return "?";
 }
 
-// "automatic", "fused", "tensor" or "layered" -> the Engine; anything else -> InputError.
+// "automatic", "fused", "tensor", "layered" or "host" -> the Engine; anything else -> InputError.
 inline Engine engine_from_name(const std::string& name) {
-  for (Engine e : {Engine::automatic, Engine::fused, Engine::layered, Engine::tensor}) {
+  for (Engine e : {Engine::automatic, Engine::fused, Engine::layered, Engine::tensor, Engine::host}) {
     if (name == engine_name(e)) return e;
   }
-  throw InputError("unknown engine '" + name + "' (automatic, fused, tensor or layered)");
+  throw InputError("unknown engine '" + name + "' (automatic, fused, tensor, layered or host)");
 }
 
 inline const char* tensor_kernel_name(TensorKernel k) {
@@ -96,9 +100,10 @@ struct EngineOptions {
   std::optional<linalg::Backend> gemm;
   // The tensor engine's kernel (tests and measurements compare the kernels with it).
   TensorKernel tensor_kernel = TensorKernel::automatic;
-  // Whether the register-resident kernel sums groups of 8 consecutive blocks itself, in the block tree's
-  // shape (the same bits as a row a block): on is refused where that kernel cannot group (more than 32 hidden
-  // units, several outputs, or its shared memory).
+  // Whether the register-resident kernel (or the host engine) sums groups of 8 consecutive blocks itself, in
+  // the block tree's shape (the same bits as a row a block): on is refused where the register-resident kernel
+  // cannot group (more than 32 hidden units, several outputs, or its shared memory) and for the other engines.
+  // The host engine's automatic groups are 8, 4, 2 or 1 blocks (engine/plan.hpp, host_leaf_group).
   Toggle leaf_groups = Toggle::automatic;
 };
 

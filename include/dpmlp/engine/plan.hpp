@@ -50,7 +50,7 @@ struct ModelShape {
 struct EngineCaps {
   bool host_space = true;         // Serial, OpenMP: the fused kernel runs teams of one thread
   std::string tensor_unavailable;  // "" where the tensor engine's kernels can run (CUDA, float, sm_80+), else why
-  int multiprocessors = 0;         // the GPU's SMs
+  int multiprocessors = 0;         // the GPU's SMs; on host spaces, the threads a rank runs
   std::size_t shared_memory_optin = 0;  // shared memory a CTA may opt in to, bytes
   std::size_t team_scratch = 0;         // team scratch a fused team may take, bytes
   int fused_team_size = 0;              // device spaces: the most threads a fused team can have
@@ -59,7 +59,7 @@ struct EngineCaps {
 };
 
 // Which kernel computes a step's block sums.
-enum class Kernel { layered, fused, tensor_warp_matrix, tensor_register_resident, tensor_register_resident_paired };
+enum class Kernel { layered, fused, tensor_warp_matrix, tensor_register_resident, tensor_register_resident_paired, host };
 
 inline const char* kernel_name(Kernel k) {
   switch (k) {
@@ -68,6 +68,7 @@ inline const char* kernel_name(Kernel k) {
     case Kernel::tensor_warp_matrix: return "tensor warp-matrix";
     case Kernel::tensor_register_resident: return "tensor register-resident";
     case Kernel::tensor_register_resident_paired: return "tensor register-resident paired";
+    case Kernel::host: return "host";
   }
   return "?";
 }
@@ -145,10 +146,15 @@ inline std::string fused_unsupported(const ModelShape& m, const EngineCaps& caps
   return {};
 }
 
-// Engine::automatic -> tensor where it can run; else fused on device spaces when the model qualifies and its
-// team scratch fits; else layered. Engine::fused or tensor for a model it cannot run -> InputError saying why.
+// Engine::automatic -> tensor where it can run; else, on device spaces, fused when the model qualifies and its
+// team scratch fits, else layered; on host spaces host. Engine::fused, tensor or host where it cannot run ->
+// InputError saying why.
 inline Engine resolve_engine(const ModelShape& m, const EngineCaps& caps, Engine requested) {
   if (requested == Engine::layered) return requested;
+  if (requested == Engine::host) {
+    if (!caps.host_space) throw InputError("dpmlp: the host engine runs on host execution spaces (Serial, OpenMP)");
+    return requested;
+  }
   if (requested == Engine::tensor || requested == Engine::automatic) {
     const std::string why = tensor_unsupported(m, caps);
     if (why.empty()) return Engine::tensor;
@@ -159,7 +165,8 @@ inline Engine resolve_engine(const ModelShape& m, const EngineCaps& caps, Engine
     if (!why.empty()) throw InputError("dpmlp: " + why);
     return Engine::fused;
   }
-  return why.empty() && !caps.host_space ? Engine::fused : Engine::layered;
+  if (caps.host_space) return Engine::host;
+  return why.empty() ? Engine::fused : Engine::layered;
 }
 
 // Which tensor kernel family sums a step of `global_blocks` blocks of `block_rows` rows (over every rank). The
@@ -223,6 +230,21 @@ inline int leaf_group(const ModelShape& m, const EngineCaps& caps, Toggle asked,
   return global_blocks * 8 >= std::int64_t(ranks > 0 ? ranks : 1) * sms * teams * 7 ? teams : 1;
 }
 
+// The host engine's leaf group: the most blocks (8, 4, 2 or 1) one of its threads sums into a row of partial
+// sums itself, in the block tree's shape (the same bits as a row a block: a group is a subtree), so that a step
+// writes and the tree reads that many times fewer rows. Ranks own whole groups and threads split them, so
+// automatic takes the largest group that leaves at least 16 groups a thread over all ranks (ranks and threads
+// then differ by at most 1/16 of a step's work). The bits do not depend on it.
+inline int host_leaf_group(const EngineCaps& caps, Toggle asked, std::int64_t global_blocks, int ranks) {
+  if (asked == Toggle::off) return 1;
+  if (asked == Toggle::on) return 8;
+  const std::int64_t workers = std::int64_t(ranks > 0 ? ranks : 1) * (caps.multiprocessors > 0 ? caps.multiprocessors : 1);
+  for (int g = 8; g > 1; g /= 2) {
+    if (global_blocks / g >= 16 * workers) return g;
+  }
+  return 1;
+}
+
 }  // namespace detail
 
 // The plan for a model of shape `m` on a space offering `caps`, for steps over `global_rows` rows on `ranks`
@@ -237,7 +259,9 @@ inline EnginePlan plan_engine(const ModelShape& m, const EngineCaps& caps, const
                      " asks for the tensor engine, but the engine asked for is " + engine_name(o.engine));
   }
   EnginePlan p;
-  p.engine = detail::resolve_engine(m, caps, o.engine);
+  // On a host space, a GEMM backend asked for with the automatic engine asks for the layered engine (the host
+  // engine has no GEMM calls).
+  p.engine = detail::resolve_engine(m, caps, o.engine == Engine::automatic && o.gemm && caps.host_space ? Engine::layered : o.engine);
   if (p.engine != Engine::tensor && o.tensor_kernel != TensorKernel::automatic) {
     throw InputError(std::string("dpmlp: tensor_kernel ") + tensor_kernel_name(o.tensor_kernel) + ": " +
                      detail::tensor_unsupported(m, caps));
@@ -251,6 +275,7 @@ inline EnginePlan plan_engine(const ModelShape& m, const EngineCaps& caps, const
   p.gemm = o.gemm ? *o.gemm : (reproducible ? caps.gemm_reproducible : caps.gemm_fast);
   switch (p.engine) {
     case Engine::fused: p.kernel = Kernel::fused; break;
+    case Engine::host: p.kernel = Kernel::host; break;
     case Engine::tensor:
       p.kernel = detail::tensor_family(m, caps, o.tensor_kernel, global_blocks, p.block_rows);
       break;
@@ -267,6 +292,8 @@ inline EnginePlan plan_engine(const ModelShape& m, const EngineCaps& caps, const
                        "shared memory to fit");
     }
     if (pairs && o.tensor_kernel != TensorKernel::register_resident) p.kernel = Kernel::tensor_register_resident_paired;
+  } else if (p.engine == Engine::host) {
+    p.leaf_group = detail::host_leaf_group(caps, o.leaf_groups, global_blocks, ranks);
   } else if (o.leaf_groups == Toggle::on) {
     throw InputError(std::string("dpmlp: leaf groups need the register-resident tensor kernel (this plan: ") +
                      kernel_name(p.kernel) + ")");
