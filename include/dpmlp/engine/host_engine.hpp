@@ -152,6 +152,29 @@ struct HostEpilogue {
   std::int64_t ld_aux = 0;
 };
 
+#if defined(__GNUC__)
+#define DPMLP_HOST_NOINLINE __attribute__((noinline))
+#else
+#define DPMLP_HOST_NOINLINE
+#endif
+
+// One row's output delta (the loss term's gradient, loss.hpp) into d, zero padded to pout, and the sum of the
+// row's loss terms. One out-of-line function for every instruction set's kernel, defined outside their target
+// regions and never inlined into them: a compiler allowed to contract a * b + c into a fused multiply-add then
+// contracts it the same way (or not at all) for all of them, so the kernels keep the same bits.
+template <class S, class Term>
+DPMLP_HOST_NOINLINE S host_output_delta(const Term& term, const S* pred, const S* y, S* d, int n_out, int pout,
+                                        S scale, bool in) {
+  S sum = S(0);
+  for (int j = 0; j < n_out; ++j) {
+    const S res = in ? pred[j] - y[j] : S(0);
+    sum += term.value(res, j);
+    d[j] = term.grad(res, j, scale);
+  }
+  for (int j = n_out; j < pout; ++j) d[j] = S(0);
+  return sum;
+}
+
 namespace host_portable {
 // One lane: what every vector kernel does per lane.
 template <class S>
