@@ -20,13 +20,14 @@
 #include <vector>
 
 #include "check_util.hpp"
+#include "mlp_reference.hpp"
 #include "json_lite.hpp"
 
 namespace {
 
 using Space = Kokkos::DefaultExecutionSpace;
 using Memory = Space::memory_space;
-using MatD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using dpmlp_test::MatD;
 using Matrix = Kokkos::View<float**, Kokkos::LayoutRight, Memory>;
 
 // A loss as data: the test's fp64 reference reads it, with_loss() makes the dpmlp type.
@@ -62,40 +63,10 @@ double ref_dl(const LossSpec& s, double d) {
   return std::max(-s.delta, std::min(s.delta, d));
 }
 
-double act_f(dpmlp::Activation act, double z) {
-  return act == dpmlp::Activation::relu ? std::max(z, 0.0) : act == dpmlp::Activation::tanh ? std::tanh(z) : z;
-}
-double act_df(dpmlp::Activation act, double a) {  // from the activation's output
-  return act == dpmlp::Activation::relu ? (a > 0 ? 1.0 : 0.0) : act == dpmlp::Activation::tanh ? 1 - a * a : 1.0;
-}
-
-struct Net {
-  std::vector<MatD> W;
-  std::vector<Eigen::RowVectorXd> b;
-};
-Net unpack(const std::vector<int>& widths, const std::vector<double>& p) {
-  Net n;
-  std::size_t off = 0;
-  for (std::size_t l = 0; l + 1 < widths.size(); ++l) {
-    n.W.push_back(Eigen::Map<const MatD>(p.data() + off, widths[l], widths[l + 1]));
-    off += std::size_t(widths[l]) * widths[l + 1];
-    n.b.push_back(Eigen::Map<const Eigen::RowVectorXd>(p.data() + off, widths[l + 1]));
-    off += widths[l + 1];
-  }
-  return n;
-}
-
-// The activations of every layer (A[0] = x, A[L] = the predictions).
-std::vector<MatD> forward(const Net& n, dpmlp::Activation act, const MatD& x) {
-  const std::size_t L = n.W.size();
-  std::vector<MatD> A(L + 1);
-  A[0] = x;
-  for (std::size_t l = 0; l < L; ++l) {
-    MatD z = (A[l] * n.W[l]).rowwise() + n.b[l];
-    A[l + 1] = l + 1 == L ? z : MatD(z.unaryExpr([&](double v) { return act_f(act, v); }));
-  }
-  return A;
-}
+using dpmlp_test::backprop;
+using dpmlp_test::forward;
+using dpmlp_test::Net;
+using dpmlp_test::unpack;
 
 // The fp64 reference: loss = sum_rj w_j l(d_rj) / (rows * outputs) and its gradient in dpmlp's parameter layout.
 // regimes[0], [1]: the predictions with |d| <= delta and > delta (Huber's two branches).
@@ -117,18 +88,7 @@ double reference(const std::vector<int>& widths, dpmlp::Activation act, const Lo
       ++regimes[std::fabs(r(i, j)) <= s.delta ? 0 : 1];
     }
   }
-  grad.assign(p.size(), 0.0);
-  for (int l = L - 1; l >= 0; --l) {
-    std::size_t woff = 0;
-    for (int k = 0; k < l; ++k) woff += std::size_t(widths[k]) * widths[k + 1] + widths[k + 1];
-    Eigen::Map<MatD>(grad.data() + woff, widths[l], widths[l + 1]) = A[l].transpose() * delta;
-    Eigen::Map<Eigen::RowVectorXd>(grad.data() + woff + std::size_t(widths[l]) * widths[l + 1], widths[l + 1]) =
-        delta.colwise().sum();
-    if (l > 0) {
-      delta = ((delta * n.W[l].transpose()).array() * A[l].unaryExpr([&](double a) { return act_df(act, a); }).array())
-                  .matrix();
-    }
-  }
+  backprop(widths, n, act, A, delta, grad);
   return loss / count;
 }
 

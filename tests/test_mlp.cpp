@@ -19,12 +19,13 @@
 
 #include "json_lite.hpp"
 #include "check_util.hpp"
+#include "mlp_reference.hpp"
 
 namespace {
 
 using Space = Kokkos::DefaultExecutionSpace;
 using Memory = Space::memory_space;
-using MatD = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using dpmlp_test::MatD;
 
 template <class Scalar>
 std::vector<double> host_vector(const Kokkos::View<Scalar*, Memory>& v) {
@@ -36,39 +37,11 @@ std::vector<double> host_vector(const Kokkos::View<Scalar*, Memory>& v) {
 double reference_value_and_grad(const std::vector<int>& widths, dpmlp::Activation act,
                                 const std::vector<double>& p, const MatD& x, const MatD& y,
                                 std::vector<double>& grad) {
-  const int L = static_cast<int>(widths.size()) - 1;
-  std::vector<MatD> W(L), A(L + 1);
-  std::vector<Eigen::RowVectorXd> b(L);
-  std::size_t off = 0;
-  for (int l = 0; l < L; ++l) {
-    W[l] = Eigen::Map<const MatD>(p.data() + off, widths[l], widths[l + 1]);
-    off += std::size_t(widths[l]) * widths[l + 1];
-    b[l] = Eigen::Map<const Eigen::RowVectorXd>(p.data() + off, widths[l + 1]);
-    off += widths[l + 1];
-  }
-  auto f = [&](double z) {
-    return act == dpmlp::Activation::relu ? std::max(z, 0.0) : act == dpmlp::Activation::tanh ? std::tanh(z) : z;
-  };
-  auto df = [&](double a) {
-    return act == dpmlp::Activation::relu ? (a > 0 ? 1.0 : 0.0) : act == dpmlp::Activation::tanh ? 1 - a * a : 1.0;
-  };
-  A[0] = x;
-  for (int l = 0; l < L; ++l) {
-    MatD z = (A[l] * W[l]).rowwise() + b[l];
-    A[l + 1] = l + 1 == L ? z : MatD(z.unaryExpr(f));
-  }
-  const MatD r = A[L] - y;
+  const dpmlp_test::Net net = dpmlp_test::unpack(widths, p);
+  const std::vector<MatD> A = dpmlp_test::forward(net, act, x);
+  const MatD r = A.back() - y;
   const double n = static_cast<double>(r.size());
-  MatD delta = r * (2.0 / n);
-  grad.assign(p.size(), 0.0);
-  for (int l = L - 1; l >= 0; --l) {
-    std::size_t woff = 0;
-    for (int k = 0; k < l; ++k) woff += std::size_t(widths[k]) * widths[k + 1] + widths[k + 1];
-    Eigen::Map<MatD>(grad.data() + woff, widths[l], widths[l + 1]) = A[l].transpose() * delta;
-    Eigen::Map<Eigen::RowVectorXd>(grad.data() + woff + std::size_t(widths[l]) * widths[l + 1], widths[l + 1]) =
-        delta.colwise().sum();
-    if (l > 0) delta = ((delta * W[l].transpose()).array() * A[l].unaryExpr(df).array()).matrix();
-  }
+  dpmlp_test::backprop(widths, net, act, A, r * (2.0 / n), grad);
   return r.squaredNorm() / n;
 }
 
