@@ -3,12 +3,24 @@
 #pragma once
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <string>
 
 #include <dpmlp/errors.hpp>
 
 namespace dpmlp_test {
+
+// Everything written to f so far (a tmpfile the test gave to a callback): flushed, read from the start.
+inline std::string file_text(std::FILE* f) {
+  std::fflush(f);
+  std::rewind(f);
+  std::string s;
+  char buf[4096];
+  std::size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
+  return s;
+}
 
 // The running maximum of differences, where a NaN (seen now or before) wins: std::max(worst, NaN) keeps worst,
 // so a NaN parameter would pass a "largest difference is 0" check. Every comparison with the NaN result fails.

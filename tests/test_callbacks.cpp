@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "check_util.hpp"
+
 namespace {
 
 // Everything written to a FILE* (a tmpfile: not a terminal).
@@ -23,15 +25,7 @@ struct Capture {
   ~Capture() {
     if (f) std::fclose(f);
   }
-  std::string text() const {
-    std::fflush(f);
-    std::rewind(f);
-    std::string s;
-    char buf[4096];
-    std::size_t n = 0;
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
-    return s;
-  }
+  std::string text() const { return dpmlp_test::file_text(f); }
 };
 
 std::vector<std::string> lines_of(const std::string& s) {

@@ -188,12 +188,7 @@ TEST_CASE("ProgressBar inside a trainer: lines on rank 0, nothing elsewhere", "[
   dpmlp::ProgressBar bar(f, 5);
   dpmlp::LossHistory history;
   const auto r = trainer.train(12, bar, history);
-  std::fflush(f);
-  std::rewind(f);
-  std::string text;
-  char buf[4096];
-  std::size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+  const std::string text = dpmlp_test::file_text(f);
   std::fclose(f);
   if (rank() == 0) {
     CHECK(text.find("step 5/12 loss ") == 0);

@@ -275,12 +275,7 @@ TEST_CASE("ProgressBar shows the latest val_loss", "[validation][mpi]") {
   REQUIRE(dpmlp_test::all(f != nullptr));
   dpmlp::ProgressBar bar(f, 2, dpmlp::ProgressBar::Mode::lines);
   r.trainer.train(10, r.val, bar);
-  std::fflush(f);
-  std::rewind(f);
-  std::string text;
-  char buf[4096];
-  std::size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+  const std::string text = dpmlp_test::file_text(f);
   std::fclose(f);
   if (rank() == 0) {
     char v5[64], v10[64];
