@@ -119,6 +119,8 @@ int main(int argc, char* argv[]) {
 EOF
 
 cp "$ROOT/src/cuda_kernels.cpp" "$WORK/kernels.cpp"
+cp "$ROOT/src/cuda_trainers_float.cpp" "$WORK/trainers_f.cpp"
+cp "$ROOT/src/cuda_trainers_double.cpp" "$WORK/trainers_d.cpp"
 
 compile_seconds() {  # compile_seconds <tu>: one compile, wall seconds on stdout
   local t0 t1
@@ -134,7 +136,7 @@ echo "compiler:  $($CXX --version | head -1)"
 echo "flags:     ${FLAGS[*]}"
 echo "machine:   $(nproc) cores; load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 TUS=(bare include trainer)
-[ "$KERNELS_ONCE" = 1 ] && TUS+=(kernels)
+[ "$KERNELS_ONCE" = 1 ] && TUS+=(kernels trainers_f trainers_d)
 declare -A TIMES
 # Warm the file cache. nvcc (Kokkos' nvcc_wrapper for CUDA) has no -fsyntax-only: a full compile there.
 if "$CXX" --version 2>/dev/null | grep -q nvcc; then
@@ -148,11 +150,11 @@ for ((r = 1; r <= RUNS; ++r)); do
   done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '\n%-8s %8s   %s\n' tu median "runs (s)"
+printf '\n%-10s %8s   %s\n' tu median "runs (s)"
 declare -A MED
 for tu in "${TUS[@]}"; do
   MED[$tu]=$(tr ' ' '\n' <<<"${TIMES[$tu]}" | grep -v '^$' | median)
-  printf '%-8s %8.2f   %s\n' "$tu" "${MED[$tu]}" "$(for t in ${TIMES[$tu]}; do printf '%.2f ' "$t"; done)"
+  printf '%-10s %8.2f   %s\n' "$tu" "${MED[$tu]}" "$(for t in ${TIMES[$tu]}; do printf '%.2f ' "$t"; done)"
 done
 INC=$(awk -v a="${MED[include]}" -v b="${MED[bare]}" 'BEGIN { print a - b }')
 DIFF=$(awk -v a="${MED[trainer]}" -v b="${MED[bare]}" 'BEGIN { print a - b }')
@@ -160,7 +162,9 @@ printf '\nheaders alone (include - bare):   %+.2f s\n' "$INC"
 printf 'realistic TU (trainer - bare):    %+.2f s   goal <= %s s: %s\n' "$DIFF" "$GOAL" \
   "$(awk -v d="$DIFF" -v g="$GOAL" 'BEGIN { print (d <= g ? "PASS" : "MISSED") }')"
 if [ "$KERNELS_ONCE" = 1 ]; then
-  printf 'once a build (dpmlp_cuda_kernels): %.2f s\n' "${MED[kernels]}"
+  printf 'once a build (dpmlp_cuda_kernels): %.2f s in all (kernels %.2f, float trainers %.2f, double trainers %.2f)\n' \
+    "$(awk -v a="${MED[kernels]}" -v b="${MED[trainers_f]}" -v c="${MED[trainers_d]}" 'BEGIN { print a + b + c }')" \
+    "${MED[kernels]}" "${MED[trainers_f]}" "${MED[trainers_d]}"
 fi
 
 if [ "$DIAGNOSE" = 1 ]; then

@@ -84,100 +84,7 @@ class DataParallelTrainer {
   // pass the same loss: the trainer compares them and refuses a mismatch.
   DataParallelTrainer(MPI_Comm comm, const model_type& model, std::int64_t global_rows, const Optimizer& optimizer,
                       const Loss& loss, const TrainerOptions& options = TrainerOptions(),
-                      const ExecSpace& space = ExecSpace())
-      : comm_(comm), model_(model), optimizer_(optimizer), loss_(loss), options_(options), space_(space) {
-    MPI_Comm c = comm_.mpi_comm();
-    // First, so that every collective of this trainer has its timeout (an invalid one is refused below).
-    const bool timeout_ok = options.collective_timeout_s > 0 && std::isfinite(options.collective_timeout_s);
-    if (timeout_ok) set_collective_timeout(c, options.collective_timeout_s);
-    using engine_t = engine_type;
-    const bool reproducible = options.reduction == Reduction::reproducible;
-    std::string problem;
-    // Everything before a collective that can fail on one rank (a std::bad_alloc in a plan included) is caught
-    // and agreed on: a rank that threw alone would leave the others waiting.
-    try {
-      optimizer.validate();
-      loss.validate(model.outputs());
-    } catch (const std::exception& e) {
-      problem = e.what();
-    }
-    if (!problem.empty()) {
-    } else if (global_rows <= 0) {
-      problem = "zero rows";
-    } else if (global_rows < comm_.size()) {
-      problem = "fewer rows (" + std::to_string(global_rows) + ") than ranks (" + std::to_string(comm_.size()) + ")";
-    } else if (!(options.peer_timeout_s > 0)) {
-      problem = "peer_timeout_s must be positive";
-    } else if (!(options.clip_grad_norm >= 0) || !std::isfinite(options.clip_grad_norm)) {
-      problem = "clip_grad_norm must be >= 0 and finite (0: no clipping), got " +
-                std::to_string(options.clip_grad_norm);
-    } else if (!timeout_ok) {
-      problem =
-          "collective_timeout_s must be positive and finite, got " + std::to_string(options.collective_timeout_s);
-    } else {
-      try {
-        engine_plan_ = engine_t::plan(model, options, reproducible, global_rows, comm_.size());
-      } catch (const std::exception& e) {
-        problem = e.what();
-      }
-    }
-    agree(c, problem.empty() ? problem : "dpmlp::DataParallelTrainer: " + problem);
-    {
-      // Ranks that learned different losses would update their replicas differently.
-      const std::string mine = loss.describe();
-      const auto key = static_cast<long long>(fnv1a64(mine.data(), mine.size()) >> 1);
-      long long range[2] = {key, -key};
-      timed_allreduce(MPI_IN_PLACE, range, 2, MPI_LONG_LONG, MPI_MAX, c,
-                      "MPI_Allreduce (DataParallelTrainer: the losses)");
-      agree(c, range[0] == -range[1] ? std::string()
-                                     : "dpmlp::DataParallelTrainer: the ranks were given different losses (this rank: " +
-                                           mine + ")");
-    }
-    global_rows_ = global_rows;
-    engine_plan_ = agreed_plan(engine_plan_, global_rows);
-    all_or_none(c, [&] {
-      plan_ =
-          BlockTreePlan(global_rows, engine_plan_.block_rows * engine_plan_.leaf_group, comm_.rank(), comm_.size());
-      reducer_ = BlockTreeReducer<ExecSpace, Scalar>(plan_, std::int64_t(model_.num_params()) + 1, options.reduction);
-    });
-    // The one-kernel engines hold only their partial sums: allocated now, as the reducer. The layered engine's
-    // activations for every row can be large, and mini-batch training does not need them: on first use.
-    if (engine_plan_.engine != Engine::layered) ensure_engine();
-    {
-      // Every rank must take the same path (the exchange's kernel pairs with the peers' kernels, not with a
-      // collective), so a rank that did not ask for it refuses too.
-      int asked[2] = {options.peer_exchange ? 1 : 0, options.peer_exchange ? -1 : 0}, most[2] = {0, 0};
-      timed_allreduce(asked, most, 2, MPI_INT, MPI_MAX, c, "MPI_Allreduce (DataParallelTrainer: peer_exchange)");
-      std::string why;
-      if (most[0] != -most[1]) {
-        why = "some ranks asked for peer_exchange and some did not";
-      } else if (options.peer_exchange && comm_.size() > 1) {
-        why = backend::peer_exchange_unsupported<ExecSpace, Scalar>();
-        if (why.empty()) {
-          // Collective (every rank gets here: the same option, the same types). Two ranks on one GPU: one's
-          // kernel would spin waiting for the other's, which waits for the GPU.
-          const int gpus = count_physical_devices<ExecSpace>(c, false, space_);
-          if (gpus != comm_.size()) {
-            why = "it needs one GPU per rank, but the " + std::to_string(comm_.size()) + " ranks drive " +
-                  std::to_string(gpus) + " distinct GPUs";
-          }
-        }
-        if (why.empty() && options.reduction != Reduction::reproducible) why = "it needs Reduction::reproducible";
-      }
-      agree(c, why.empty() ? why : "dpmlp::DataParallelTrainer: peer_exchange: " + why);
-      if (options.peer_exchange && comm_.size() > 1) {
-        peer_ = backend::make_peer_exchange(c, reducer_, options.peer_timeout_s);
-      }
-    }
-    all_or_none(c, [&] {
-      state_ =
-          Kokkos::View<Scalar*, memory_space>("dpmlp::optimizer_state", optimizer.state_size(model_.num_params()));
-      if (options.clip_grad_norm > 0) {
-        grad_ = Kokkos::View<Scalar*, memory_space>("dpmlp::clip_gradient", model_.num_params());
-      }
-    });
-    sync_parameters();
-  }
+                      const ExecSpace& space = ExecSpace());
 
   // This rank's rows: whole leaves of the block tree (groups of leaf_group() blocks).
   const Shard& shard() const { return plan_.shard(); }
@@ -209,43 +116,12 @@ class DataParallelTrainer {
   // This rank's rows: x is shard().rows() x inputs, y is shard().rows() x outputs, LayoutRight, in
   // memory_space. No copy is made: the trainer keeps the Views. Collective: every rank validates its rows
   // (shapes, non-finite values) and all ranks throw the first failing rank's InputError.
-  void set_data(const const_matrix& x, const const_matrix& y) {
-    std::string problem = check_shapes(x, y);
-    if (problem.empty()) problem = find_non_finite(x, "x");
-    if (problem.empty()) problem = find_non_finite(y, "y");
-    agree(comm_.mpi_comm(), problem);
-    x_ = x;
-    y_ = y;
-    has_data_ = true;
-    graph_ = backend::StepGraph<ExecSpace>();  // a captured step reads the old Views' pointers
-  }
+  void set_data(const const_matrix& x, const const_matrix& y);
 
   // Runs `steps` SGD steps. The losses stay on the device until the run ends; the only host waits inside
   // the loop are those of a host-synchronous communicator (MPI with device data staged through the host).
   // Non-finite losses are checked once, at the end of the run, and reported with the first bad step.
-  TrainResult train(int steps) {
-    begin_run(steps);
-    ensure_engine();
-    int s = 0;
-    if (use_graph()) {
-      if (!graph_.ready()) {
-        // One plain step first: it warms the caches (kernel attributes, library handles, the collective)
-        // that must not be set up during a capture.
-        step();
-        ++s;
-        note_graph_failure(graph_.capture(space_, [&] { step(); }));
-      }
-      for (; s < steps && graph_.ready(); ++s) {
-        graph_.launch(space_);
-        mark_progress();
-      }
-    }
-    for (; s < steps; ++s) {
-      step();
-      mark_progress();
-    }
-    return end_run(steps);
-  }
+  TrainResult train(int steps);
 
   // Runs up to `steps` steps with callbacks (callbacks.hpp: any objects with some of the optional hooks
   // begin_training(const TrainInfo&), end_step(const StepInfo&) -> bool, end_training(const TrainResult&)).
@@ -401,59 +277,10 @@ class DataParallelTrainer {
   }
 
  // The rest is public only because CUDA's extended lambdas may not live in private member functions.
-  void begin_run(int steps) {
-    std::string problem;
-    if (steps <= 0) problem = "dpmlp::DataParallelTrainer::train: steps must be positive, got " + std::to_string(steps);
-    if (problem.empty() && !has_data_) problem = "dpmlp::DataParallelTrainer::train: set_data() first";
-    // steps_done_ <= max_steps_done always holds, so the subtraction cannot overflow; after this check every
-    // step number of the run (steps_done_ + k, k <= steps) is at most max_steps_done.
-    if (problem.empty() && steps_done_ > max_steps_done - steps) {
-      problem = "dpmlp::DataParallelTrainer::train: " + std::to_string(steps) + " more steps after " +
-                std::to_string(steps_done_) + " would pass the step count limit " + std::to_string(max_steps_done);
-    }
-    // Every rank must take the same number of steps, or the collectives would not pair up.
-    long long range[2] = {steps, -static_cast<long long>(steps)};
-    timed_allreduce(MPI_IN_PLACE, range, 2, MPI_LONG_LONG, MPI_MIN, comm_.mpi_comm(),
-                    "MPI_Allreduce (DataParallelTrainer::train: the step counts)");
-    if (problem.empty() && range[0] != -range[1]) {
-      problem = "dpmlp::DataParallelTrainer::train: the ranks asked for different step counts (" +
-                std::to_string(range[0]) + " to " + std::to_string(-range[1]) + ")";
-    }
-    agree(comm_.mpi_comm(), problem);
-    if (losses_.extent(0) < static_cast<std::size_t>(steps)) {
-      all_or_none(comm_.mpi_comm(), [&] { losses_ = Kokkos::View<Scalar*, memory_space>("dpmlp::losses", steps); });
-      // Captured steps wrote into the old buffer.
-      graph_ = backend::StepGraph<ExecSpace>();
-      if (epochs_) epochs_->graph = backend::StepGraph<ExecSpace>();
-    }
-    Kokkos::deep_copy(space_, loss_index_, 0);
-    Kokkos::deep_copy(space_, update_count_, steps_done_);
-  }
+  void begin_run(int steps);
 
   // Waits for the run, counts its steps, and checks its losses (the one divergence check: once a run).
-  TrainResult end_run(int steps) {
-    wait_for_space("DataParallelTrainer::train: the run's steps");
-    // A peer-exchange wait that timed out (on one rank, then its peers in turn): every rank throws.
-    if (peer_) {
-      agree<CommError>(comm_.mpi_comm(), peer_->failure());
-      peer_->quiet();  // every rank has fenced its steps: no peer writes into this rank's buffer any more
-    }
-    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), losses_);
-    // A diverged run is not counted in steps_done(): it is a failed run, not progress.
-    for (int s = 0; s < steps; ++s) {
-      if (!std::isfinite(static_cast<double>(host(s)))) {
-        throw TrainingError("dpmlp: the loss is not finite (" + std::to_string(host(s)) + ") at step " +
-                            std::to_string(steps_done_ + s + 1) + " (step " + std::to_string(s + 1) +
-                            " of this train() call); training stopped");
-      }
-    }
-    steps_done_ += steps;
-    TrainResult r;
-    r.first_loss = host(0);
-    r.last_loss = host(steps - 1);
-    r.steps = steps;
-    return r;
-  }
+  TrainResult end_run(int steps);
 
   // Waits for everything enqueued on the space. With a stream-ordered communicator (NCCL) its collectives are
   // there: the communicator's wait gives up after the collective timeout without progress (CommError);
@@ -493,67 +320,15 @@ class DataParallelTrainer {
 
   // Enqueues one full-batch step. The loss goes to losses_(loss_index_), and the index moves on, on the
   // device, so a captured step can be replayed unchanged.
-  void step() {
-    step_with(engine_, reducer_, x_, y_, Scalar(1.0 / (static_cast<double>(global_rows_) * model_.outputs())),
-              peer_.get());
-  }
+  void step();
 
   // Enqueues step k of the prepared epoch: batch k, whose rows are this rank's part of the epoch buffer.
-  void epoch_step(std::int64_t k) {
-    const EpochSetup& es = *epochs_;
-    const BatchShape& b = k == es.per_epoch - 1 && es.last ? *es.last : es.full;
-    const std::int64_t first = k * es.full.local_rows;
-    const auto rows = std::make_pair(first, first + b.local_rows);
-    step_with(b.engine, b.reducer, Kokkos::subview(es.x, rows, Kokkos::ALL), Kokkos::subview(es.y, rows, Kokkos::ALL),
-              Scalar(1.0 / (static_cast<double>(b.rows) * model_.outputs())), nullptr);
-  }
+  void epoch_step(std::int64_t k);
 
   // One step over this rank's rows x, y of a step whose mean loss is inv * (sum of squared residuals):
   // `engine` fills its block sums, `reducer` (with `peer`, where not null) sums them and applies the update.
   void step_with(const engine_type& engine, const BlockTreeReducer<ExecSpace, Scalar>& reducer,
-                 const const_matrix& x, const const_matrix& y, const Scalar inv, backend::PeerExchange* peer) {
-    engine.compute(space_, x, y, inv);
-    const auto params = model_.params();
-    const auto losses = losses_;
-    const auto state = state_;
-    const std::int64_t P = static_cast<std::int64_t>(model_.num_params());
-    const auto index = loss_index_;
-    if (optimizer_.per_step()) {
-      // The update's number and what depends on it alone, on the device (optim.hpp).
-      const auto count = update_count_;
-      const auto scalars = step_scalars_;
-      const Optimizer opt = optimizer_;
-      Kokkos::parallel_for(
-          "dpmlp::prepare_update", Kokkos::RangePolicy<ExecSpace>(space_, 0, 1), KOKKOS_LAMBDA(const int) {
-            count() += 1;
-            opt.prepare(count(), scalars.data());
-          });
-    }
-    const auto update = optimizer_.template step<Scalar>(step_scalars_.data());
-    const bool clip = options_.clip_grad_norm > 0;
-    const auto grad = grad_;
-    // The optimizer update runs in the reduction's last kernel, column by column; with clipping, that kernel
-    // keeps the gradient, and the update follows the norm.
-    const auto apply = KOKKOS_LAMBDA(const std::int64_t i, const Scalar total) {
-      if (i < P) {
-        if (clip) {
-          grad(i) = total;
-        } else {
-          update(i, P, params.data(), total, state.data());
-        }
-      } else {
-        losses(index()) = total * inv;
-        index() += 1;
-      }
-    };
-    if (peer != nullptr) {
-      peer->busy();
-      backend::reduce_apply_peer(space_, reducer, engine.partials(), *peer, apply);
-    } else {
-      reducer.reduce_apply(space_, engine.partials(), comm_, apply);
-    }
-    if (clip) clip_and_update(update);
-  }
+                 const const_matrix& x, const const_matrix& y, const Scalar inv, backend::PeerExchange* peer);
 
   // The clipping norm's fixed order: lane w of clip_lanes sums the squares of entries w, w + clip_lanes, ... in
   // order (in double), then lanes[w] += lanes[w + h] for h = clip_lanes / 2, ..., 1. The same on every space
@@ -617,64 +392,9 @@ class DataParallelTrainer {
   };
 
   // Sets up train_epochs for `batch_rows` (collective; kept until another batch size is asked for).
-  void prepare_epochs(std::int64_t batch_rows) {
-    if (epochs_ && epochs_->batch_rows == batch_rows) return;
-    epochs_.reset();  // the old buffers go first
-    auto es = std::make_unique<EpochSetup>();
-    es->batch_rows = batch_rows;
-    es->per_epoch = (global_rows_ + batch_rows - 1) / batch_rows;
-    const std::int64_t last_rows = global_rows_ - (es->per_epoch - 1) * batch_rows;
-    make_batch_shape(es->full, batch_rows);
-    if (last_rows != batch_rows) {
-      es->last = std::make_unique<BatchShape>();
-      make_batch_shape(*es->last, last_rows);
-    }
-    const std::int64_t local =
-        (es->per_epoch - 1) * es->full.local_rows + (es->last ? es->last->local_rows : es->full.local_rows);
-    all_or_none(comm_.mpi_comm(), [&] {
-      using namespace Kokkos;
-      es->x = matrix(view_alloc(WithoutInitializing, "dpmlp::epoch_x"), local, model_.inputs());
-      es->y = matrix(view_alloc(WithoutInitializing, "dpmlp::epoch_y"), local, model_.outputs());
-      if (comm_.size() == 1) {
-        es->order = decltype(es->order)(view_alloc(WithoutInitializing, "dpmlp::epoch_order"), global_rows_);
-      } else {
-        const std::int64_t n = plan_.shard().rows();
-        es->position = decltype(es->position)(view_alloc(WithoutInitializing, "dpmlp::epoch_position"), n);
-        es->dest = decltype(es->dest)(view_alloc(WithoutInitializing, "dpmlp::epoch_dest"), n);
-        es->counts = decltype(es->counts)("dpmlp::epoch_counts", 2 * comm_.size());
-        es->send = decltype(es->send)(view_alloc(WithoutInitializing, "dpmlp::epoch_send"), n * record_bytes());
-        es->recv = decltype(es->recv)(view_alloc(WithoutInitializing, "dpmlp::epoch_recv"), local * record_bytes());
-      }
-    });
-    epochs_ = std::move(es);
-  }
+  void prepare_epochs(std::int64_t batch_rows);
 
-  void make_batch_shape(BatchShape& b, std::int64_t rows) {
-    using engine_t = engine_type;
-    MPI_Comm c = comm_.mpi_comm();
-    std::string problem;
-    EnginePlan mine;
-    try {
-      mine = engine_t::plan(model_, options_, options_.reduction == Reduction::reproducible, rows, comm_.size());
-    } catch (const std::exception& e) {
-      problem = std::string("dpmlp::DataParallelTrainer::train_epochs: ") + e.what();
-    }
-    agree(c, problem);
-    b.plan = agreed_plan(mine, rows);
-    b.rows = rows;
-    const std::int64_t leaf = b.plan.block_rows * b.plan.leaf_group;
-    all_or_none(c, [&] {
-      b.tree = BlockTreePlan(rows, leaf, comm_.rank(), comm_.size());
-      b.local_rows = b.tree.shard().rows();
-      b.engine = engine_t(model_, b.local_rows, b.plan, loss_);
-      b.reducer = BlockTreeReducer<ExecSpace, Scalar>(b.tree, std::int64_t(model_.num_params()) + 1, options_.reduction);
-      b.bounds = decltype(b.bounds)("dpmlp::batch_bounds", comm_.size() + 1);
-      auto h = Kokkos::create_mirror_view(b.bounds);
-      for (int r = 0; r < comm_.size(); ++r) h(r) = make_shard(rows, leaf, r, comm_.size()).first_row;
-      h(comm_.size()) = rows;
-      Kokkos::deep_copy(b.bounds, h);
-    });
-  }
+  void make_batch_shape(BatchShape& b, std::int64_t rows);
 
   // An exchanged row: its position in the epoch, then its inputs and outputs (padded to 8 bytes).
   std::size_t record_bytes() const {
@@ -684,268 +404,30 @@ class DataParallelTrainer {
 
   // Fills the epoch buffer with this rank's rows of every batch of epoch `epoch`, in order. Stream-ordered
   // on one rank; on several, the exchange waits for its rows on the host.
-  void fill_epoch(std::uint64_t seed, std::int64_t epoch) {
-    const EpochOrder order(seed, epoch, global_rows_);
-    if (comm_.size() > 1) {
-      exchange_epoch(order);
-      return;
-    }
-    // One rank: a row's place in the buffer is its position.
-    const EpochSetup& es = *epochs_;
-    const matrix ex = es.x, ey = es.y;
-    const const_matrix x = x_, y = y_;
-    const int nin = model_.inputs(), nout = model_.outputs();
-    const auto rows_of = es.order;
-    if constexpr (is_host_space<ExecSpace>()) {
-      // A thread a row: the row's order and its copy together, no index division per element.
-      Kokkos::parallel_for(
-          "dpmlp::epoch_gather_host", Kokkos::RangePolicy<ExecSpace>(space_, 0, global_rows_),
-          [=](const std::int64_t p) {
-            const std::int64_t r = order.row(p);
-            rows_of(p) = r;
-            for (int c = 0; c < nin; ++c) ex(p, c) = x(r, c);
-            for (int c = 0; c < nout; ++c) ey(p, c) = y(r, c);
-          });
-      return;
-    }
-    Kokkos::parallel_for(
-        "dpmlp::epoch_order", Kokkos::RangePolicy<ExecSpace>(space_, 0, global_rows_),
-        KOKKOS_LAMBDA(const std::int64_t p) { rows_of(p) = order.row(p); });
-    Kokkos::parallel_for(
-        "dpmlp::epoch_gather", Kokkos::RangePolicy<ExecSpace>(space_, 0, global_rows_ * (nin + nout)),
-        KOKKOS_LAMBDA(const std::int64_t i) {
-          const std::int64_t p = i / (nin + nout);
-          const int c = static_cast<int>(i - p * (nin + nout));
-          if (c < nin) {
-            ex(p, c) = x(rows_of(p), c);
-          } else {
-            ey(p, c - nin) = y(rows_of(p), c - nin);
-          }
-        });
-  }
+  void fill_epoch(std::uint64_t seed, std::int64_t epoch);
 
   // Several ranks: each of this rank's rows goes to the rank whose share of its batch holds its position, in
   // one MPI_Alltoallv of records (position, inputs, outputs), staged through the host; the receiver places
   // each by its position, so the order of the records in the buffers does not matter.
-  void exchange_epoch(const EpochOrder& order) {
-    // The copies below wait for the space: first wait, with the timeout, for the last epoch's collectives.
-    wait_for_space("DataParallelTrainer::train_epochs: the last epoch's steps");
-    EpochSetup& es = *epochs_;
-    MPI_Comm c = comm_.mpi_comm();
-    const int R = comm_.size(), me = comm_.rank();
-    const std::int64_t B = es.batch_rows, per = es.per_epoch, lb = es.full.local_rows;
-    const std::int64_t first = plan_.shard().first_row, n = plan_.shard().rows();
-    const int nin = model_.inputs(), nout = model_.outputs();
-    const std::size_t rec = record_bytes();
-    const auto full_bounds = es.full.bounds;
-    const auto last_bounds = es.last ? es.last->bounds : es.full.bounds;
-    const auto position = es.position;
-    const auto dest = es.dest;
-    const auto counts = es.counts;  // [0, R): rows to each rank; [R, 2R): the packing cursors
-    const matrix ex = es.x, ey = es.y;
-    const const_matrix x = x_, y = y_;
-    const auto send = es.send;
-    Kokkos::deep_copy(space_, counts, 0);
-    Kokkos::parallel_for(
-        "dpmlp::epoch_destinations", Kokkos::RangePolicy<ExecSpace>(space_, 0, n), KOKKOS_LAMBDA(const std::int64_t r) {
-          const std::int64_t p = order.position(first + r);
-          position(r) = p;
-          const std::int64_t k = p / B, o = p - k * B;
-          const auto& bounds = k == per - 1 ? last_bounds : full_bounds;
-          int q = 0;
-          while (q + 1 < R && bounds(q + 1) <= o) ++q;
-          dest(r) = q;
-          Kokkos::atomic_add(&counts(q), std::int64_t(1));
-        });
-    std::vector<std::int64_t> to(R), from(R);
-    {
-      auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), Kokkos::subview(counts, std::make_pair(0, R)));
-      for (int q = 0; q < R; ++q) to[q] = h(q);
-    }
-    std::vector<std::int64_t> cursor(R, 0);
-    for (int q = 1; q < R; ++q) cursor[q] = cursor[q - 1] + to[q - 1];
-    {
-      Kokkos::View<std::int64_t*, Kokkos::HostSpace> h(cursor.data(), R);
-      Kokkos::deep_copy(Kokkos::subview(counts, std::make_pair(R, 2 * R)), h);
-    }
-    Kokkos::parallel_for(
-        "dpmlp::epoch_pack", Kokkos::RangePolicy<ExecSpace>(space_, 0, n), KOKKOS_LAMBDA(const std::int64_t r) {
-          const std::int64_t slot = Kokkos::atomic_fetch_add(&counts(R + dest(r)), std::int64_t(1));
-          unsigned char* out = send.data() + slot * rec;
-          const std::int64_t p = position(r);
-          memcpy(out, &p, sizeof p);
-          Scalar* v = reinterpret_cast<Scalar*>(out + sizeof p);
-          for (int j = 0; j < nin; ++j) v[j] = x(r, j);
-          for (int j = 0; j < nout; ++j) v[nin + j] = y(r, j);
-        });
-    timed_alltoall(to.data(), 1, MPI_INT64_T, from.data(), 1, MPI_INT64_T, c,
-                   "MPI_Alltoall (DataParallelTrainer::train_epochs: the row counts)");
-    std::int64_t arriving = 0;
-    for (int q = 0; q < R; ++q) arriving += from[q];
-    const std::int64_t expected = static_cast<std::int64_t>(ex.extent(0));
-    std::vector<int> sc(R), sd(R), rc(R), rd(R);
-    std::string problem = arriving == expected ? std::string()
-                                               : "dpmlp::DataParallelTrainer::train_epochs: the exchange would bring " +
-                                                     std::to_string(arriving) + " rows, the epoch has " +
-                                                     std::to_string(expected) + " here";
-    std::int64_t so = 0, ro = 0;
-    for (int q = 0; q < R; ++q) {
-      if (so > INT_MAX || ro > INT_MAX) problem = "dpmlp::DataParallelTrainer::train_epochs: too many rows a rank";
-      sc[q] = static_cast<int>(to[q]);
-      sd[q] = static_cast<int>(so);
-      rc[q] = static_cast<int>(from[q]);
-      rd[q] = static_cast<int>(ro);
-      so += to[q];
-      ro += from[q];
-    }
-    agree<CommError>(c, problem);
-    auto hsend = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), send);
-    auto hrecv = Kokkos::create_mirror_view(Kokkos::HostSpace(), es.recv);
-    MPI_Datatype record = MPI_DATATYPE_NULL;
-    detail::check_mpi(MPI_Type_contiguous(static_cast<int>(rec), MPI_BYTE, &record), "MPI_Type_contiguous");
-    MPI_Type_commit(&record);
-    try {
-      // A nonblocking collective reads its buffers and its count arrays until it completes: an abandoned
-      // request keeps them (comm/timed.hpp).
-      const auto arrays = std::make_shared<std::vector<int>>();
-      for (const auto* v : {&sc, &sd, &rc, &rd}) arrays->insert(arrays->end(), v->begin(), v->end());
-      const int* a = arrays->data();
-      detail::timed(
-          c, "MPI_Alltoallv (DataParallelTrainer::train_epochs: the rows)",
-          [&](MPI_Request* r) {
-            return MPI_Ialltoallv(hsend.data(), a, a + R, record, hrecv.data(), a + 2 * R, a + 3 * R, record, c, r);
-          },
-          hsend, hrecv, arrays);
-    } catch (...) {
-      MPI_Type_free(&record);
-      throw;
-    }
-    MPI_Type_free(&record);
-    Kokkos::deep_copy(space_, es.recv, hrecv);
-    const auto recv = es.recv;
-    const auto mine_full = Kokkos::subview(full_bounds, me), mine_last = Kokkos::subview(last_bounds, me);
-    Kokkos::parallel_for(
-        "dpmlp::epoch_place", Kokkos::RangePolicy<ExecSpace>(space_, 0, arriving), KOKKOS_LAMBDA(const std::int64_t i) {
-          const unsigned char* in = recv.data() + i * rec;
-          std::int64_t p = 0;
-          memcpy(&p, in, sizeof p);
-          const std::int64_t k = p / B, o = p - k * B;
-          const std::int64_t local = k * lb + o - (k == per - 1 ? mine_last() : mine_full());
-          const Scalar* v = reinterpret_cast<const Scalar*>(in + sizeof p);
-          for (int j = 0; j < nin; ++j) ex(local, j) = v[j];
-          for (int j = 0; j < nout; ++j) ey(local, j) = v[nin + j];
-        });
-    // The host buffers must outlive the copies that read them.
-    compat::fence(space_, "dpmlp::DataParallelTrainer::train_epochs (exchange)");
-  }
+  void exchange_epoch(const EpochOrder& order);
 
   // The plan for steps over `rows` global rows, the same on every rank (collective). `mine`: this rank's plan.
   // The tree's leaves are groups of leaf_group blocks where the engine sums them itself (the same bits: a
   // group is a subtree), so ranks own whole groups and must take the same group: the smallest of theirs.
   // Then every rank must run the same plan: their sums would differ in the last bits, so a mix (ranks on
   // different kinds of device) would silently break the bitwise reproducibility.
-  EnginePlan agreed_plan(EnginePlan mine, std::int64_t rows) {
-    using engine_t = engine_type;
-    MPI_Comm c = comm_.mpi_comm();
-    int group = mine.leaf_group;
-    timed_allreduce(MPI_IN_PLACE, &group, 1, MPI_INT, MPI_MIN, c,
-                    "MPI_Allreduce (DataParallelTrainer: the leaf group)");
-    std::string regrouped;
-    if (group != mine.leaf_group) {
-      EngineOptions ungrouped = options_;
-      ungrouped.leaf_groups = Toggle::off;
-      try {
-        mine = engine_t::plan(model_, ungrouped, options_.reduction == Reduction::reproducible, rows, comm_.size());
-      } catch (const std::exception& e) {
-        regrouped = std::string("dpmlp::DataParallelTrainer: ") + e.what();
-      }
-    }
-    agree(c, regrouped);
-    const long long key = static_cast<long long>(mine.sums_key());
-    long long range[2] = {key, -key};
-    timed_allreduce(MPI_IN_PLACE, range, 2, MPI_LONG_LONG, MPI_MAX, c,
-                    "MPI_Allreduce (DataParallelTrainer: the plans)");
-    agree(c, range[0] == -range[1] ? std::string()
-                                   : "dpmlp::DataParallelTrainer: the ranks planned different engines (this rank: " +
-                                         mine.describe() + "); ask for one with TrainerOptions");
-    return mine;
-  }
+  EnginePlan agreed_plan(EnginePlan mine, std::int64_t rows);
 
   // The full-batch engine (allocated by the constructor, or for the layered engine on the first full-batch
   // step: mini-batch training does not need it). Collective.
-  void ensure_engine() {
-    if (engine_ready_) return;
-    all_or_none(comm_.mpi_comm(),
-                [&] { engine_ = engine_type(model_, plan_.shard().rows(), engine_plan_, loss_); });
-    engine_ready_ = true;
-  }
+  void ensure_engine();
 
-  void sync_parameters() {
-    const auto params = model_.params();
-    if (options_.broadcast_initial_params) {
-      comm_.broadcast(space_, params, 0);
-      wait_for_space("DataParallelTrainer: the broadcast of rank 0's parameters");
-      return;
-    }
-    const std::uint64_t mine = digest(params);
-    std::uint64_t root = mine;
-    timed_bcast(&root, 1, MPI_UINT64_T, 0, comm_.mpi_comm(), "MPI_Bcast (DataParallelTrainer: rank 0's digest)");
-    agree(comm_.mpi_comm(), mine == root ? std::string()
-                                         : "dpmlp::DataParallelTrainer: this rank's parameters (digest " + hex16(mine) +
-                                               ") differ from rank 0's (" + hex16(root) + "); refusing to train");
-  }
+  void sync_parameters();
 
-  std::string check_shapes(const const_matrix& x, const const_matrix& y) const {
-    const auto rows = static_cast<std::size_t>(plan_.shard().rows());
-    auto shape = [](const const_matrix& v) {
-      return std::to_string(v.extent(0)) + "x" + std::to_string(v.extent(1));
-    };
-    if (x.extent(0) != rows || x.extent(1) != static_cast<std::size_t>(model_.inputs())) {
-      return "dpmlp::DataParallelTrainer::set_data: x is " + shape(x) + ", expected " + std::to_string(rows) + "x" +
-             std::to_string(model_.inputs()) + " (this rank's shard: global rows " +
-             std::to_string(plan_.shard().first_row) + ".." + std::to_string(plan_.shard().end_row) + ", model inputs)";
-    }
-    if (y.extent(0) != rows || y.extent(1) != static_cast<std::size_t>(model_.outputs())) {
-      return "dpmlp::DataParallelTrainer::set_data: y is " + shape(y) + ", expected " + std::to_string(rows) + "x" +
-             std::to_string(model_.outputs()) + " (this rank's shard rows x model outputs)";
-    }
-    // The engines read rows at a stride of the row length: a View of some columns of a wider array (a
-    // column subview) has longer rows and would be misread. It needs a copy, which the caller makes.
-    // The pinned cuBLASLt and the CUTLASS GEMMs read x's rows with 16-byte loads.
-    if (engine_plan_.engine == Engine::layered &&
-        (engine_plan_.gemm == linalg::Backend::cublaslt || engine_plan_.gemm == linalg::Backend::cutlass) &&
-        reinterpret_cast<std::uintptr_t>(x.data()) % 16 != 0) {
-      return "dpmlp::DataParallelTrainer::set_data: x's data is not 16-byte aligned (a View of rows at an offset?); "
-             "deep_copy it into a View of its own";
-    }
-    for (const auto* v : {&x, &y}) {
-      if (v->extent(0) > 1 && v->stride(0) != v->extent(1)) {
-        return std::string("dpmlp::DataParallelTrainer::set_data: ") + (v == &x ? "x" : "y") +
-               " is not contiguous (its rows are " + std::to_string(v->stride(0)) + " elements apart, not " +
-               std::to_string(v->extent(1)) + ": a subview of some columns?); deep_copy it into a View of its own";
-      }
-    }
-    return {};
-  }
+  std::string check_shapes(const const_matrix& x, const const_matrix& y) const;
 
   // The first non-finite element of v, as "global row R, column C", or "".
-  std::string find_non_finite(const const_matrix& v, const char* name) const {
-    const std::int64_t cols = v.extent(1);
-    const std::int64_t n = std::int64_t(v.extent(0)) * cols;
-    std::int64_t first = n;
-    Kokkos::parallel_reduce(
-        "dpmlp::find_non_finite", Kokkos::RangePolicy<ExecSpace>(space_, 0, n),
-        KOKKOS_LAMBDA(const std::int64_t i, std::int64_t& m) {
-          const Scalar value = v(i / cols, i % cols);
-          if (!compat::isfinite(value) && i < m) m = i;
-        },
-        Kokkos::Min<std::int64_t>(first));
-    if (first >= n) return {};
-    auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
-    const double bad = static_cast<double>(host(first / cols, first % cols));
-    return std::string("dpmlp: ") + name + " has a non-finite value (" + std::to_string(bad) + ") at global row " +
-           std::to_string(plan_.shard().first_row + first / cols) + ", column " + std::to_string(first % cols);
-  }
+  std::string find_non_finite(const const_matrix& v, const char* name) const;
 
  private:
   Comm comm_;
@@ -978,6 +460,576 @@ class DataParallelTrainer {
   // Last: destroyed first, before the communicator whose collective it captured.
   backend::StepGraph<ExecSpace> graph_;
 };
+
+// The members that run kernels, defined out of the class: an explicit instantiation declaration (below)
+// suppresses them, where the library compiles them once.
+
+template <class ExecSpace, class Comm, class Optimizer, class Scalar, class Loss>
+DataParallelTrainer<ExecSpace, Comm, Optimizer, Scalar, Loss>::DataParallelTrainer(
+    MPI_Comm comm, const model_type& model, std::int64_t global_rows, const Optimizer& optimizer, const Loss& loss,
+    const TrainerOptions& options, const ExecSpace& space)
+    : comm_(comm), model_(model), optimizer_(optimizer), loss_(loss), options_(options), space_(space) {
+  MPI_Comm c = comm_.mpi_comm();
+  // First, so that every collective of this trainer has its timeout (an invalid one is refused below).
+  const bool timeout_ok = options.collective_timeout_s > 0 && std::isfinite(options.collective_timeout_s);
+  if (timeout_ok) set_collective_timeout(c, options.collective_timeout_s);
+  using engine_t = engine_type;
+  const bool reproducible = options.reduction == Reduction::reproducible;
+  std::string problem;
+  // Everything before a collective that can fail on one rank (a std::bad_alloc in a plan included) is caught
+  // and agreed on: a rank that threw alone would leave the others waiting.
+  try {
+    optimizer.validate();
+    loss.validate(model.outputs());
+  } catch (const std::exception& e) {
+    problem = e.what();
+  }
+  if (!problem.empty()) {
+  } else if (global_rows <= 0) {
+    problem = "zero rows";
+  } else if (global_rows < comm_.size()) {
+    problem = "fewer rows (" + std::to_string(global_rows) + ") than ranks (" + std::to_string(comm_.size()) + ")";
+  } else if (!(options.peer_timeout_s > 0)) {
+    problem = "peer_timeout_s must be positive";
+  } else if (!(options.clip_grad_norm >= 0) || !std::isfinite(options.clip_grad_norm)) {
+    problem = "clip_grad_norm must be >= 0 and finite (0: no clipping), got " + std::to_string(options.clip_grad_norm);
+  } else if (!timeout_ok) {
+    problem = "collective_timeout_s must be positive and finite, got " + std::to_string(options.collective_timeout_s);
+  } else {
+    try {
+      engine_plan_ = engine_t::plan(model, options, reproducible, global_rows, comm_.size());
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+  }
+  agree(c, problem.empty() ? problem : "dpmlp::DataParallelTrainer: " + problem);
+  {
+    // Ranks that learned different losses would update their replicas differently.
+    const std::string mine = loss.describe();
+    const auto key = static_cast<long long>(fnv1a64(mine.data(), mine.size()) >> 1);
+    long long range[2] = {key, -key};
+    timed_allreduce(MPI_IN_PLACE, range, 2, MPI_LONG_LONG, MPI_MAX, c,
+                    "MPI_Allreduce (DataParallelTrainer: the losses)");
+    agree(c, range[0] == -range[1]
+                 ? std::string()
+                 : "dpmlp::DataParallelTrainer: the ranks were given different losses (this rank: " + mine + ")");
+  }
+  global_rows_ = global_rows;
+  engine_plan_ = agreed_plan(engine_plan_, global_rows);
+  all_or_none(c, [&] {
+    plan_ = BlockTreePlan(global_rows, engine_plan_.block_rows * engine_plan_.leaf_group, comm_.rank(), comm_.size());
+    reducer_ = BlockTreeReducer<ExecSpace, Scalar>(plan_, std::int64_t(model_.num_params()) + 1, options.reduction);
+  });
+  // The one-kernel engines hold only their partial sums: allocated now, as the reducer. The layered engine's
+  // activations for every row can be large, and mini-batch training does not need them: on first use.
+  if (engine_plan_.engine != Engine::layered) ensure_engine();
+  {
+    // Every rank must take the same path (the exchange's kernel pairs with the peers' kernels, not with a
+    // collective), so a rank that did not ask for it refuses too.
+    int asked[2] = {options.peer_exchange ? 1 : 0, options.peer_exchange ? -1 : 0}, most[2] = {0, 0};
+    timed_allreduce(asked, most, 2, MPI_INT, MPI_MAX, c, "MPI_Allreduce (DataParallelTrainer: peer_exchange)");
+    std::string why;
+    if (most[0] != -most[1]) {
+      why = "some ranks asked for peer_exchange and some did not";
+    } else if (options.peer_exchange && comm_.size() > 1) {
+      why = backend::peer_exchange_unsupported<ExecSpace, Scalar>();
+      if (why.empty()) {
+        // Collective (every rank gets here: the same option, the same types). Two ranks on one GPU: one's
+        // kernel would spin waiting for the other's, which waits for the GPU.
+        const int gpus = count_physical_devices<ExecSpace>(c, false, space_);
+        if (gpus != comm_.size()) {
+          why = "it needs one GPU per rank, but the " + std::to_string(comm_.size()) + " ranks drive " +
+                std::to_string(gpus) + " distinct GPUs";
+        }
+      }
+      if (why.empty() && options.reduction != Reduction::reproducible) why = "it needs Reduction::reproducible";
+    }
+    agree(c, why.empty() ? why : "dpmlp::DataParallelTrainer: peer_exchange: " + why);
+    if (options.peer_exchange && comm_.size() > 1) {
+      peer_ = backend::make_peer_exchange(c, reducer_, options.peer_timeout_s);
+    }
+  }
+  all_or_none(c, [&] {
+    state_ = Kokkos::View<Scalar*, memory_space>("dpmlp::optimizer_state", optimizer.state_size(model_.num_params()));
+    if (options.clip_grad_norm > 0) {
+      grad_ = Kokkos::View<Scalar*, memory_space>("dpmlp::clip_gradient", model_.num_params());
+    }
+  });
+  sync_parameters();
+}
+
+template <class ExecSpace, class Comm, class Optimizer, class Scalar, class Loss>
+void DataParallelTrainer<ExecSpace, Comm, Optimizer, Scalar, Loss>::set_data(const const_matrix& x,
+                                                                             const const_matrix& y) {
+  std::string problem = check_shapes(x, y);
+  if (problem.empty()) problem = find_non_finite(x, "x");
+  if (problem.empty()) problem = find_non_finite(y, "y");
+  agree(comm_.mpi_comm(), problem);
+  x_ = x;
+  y_ = y;
+  has_data_ = true;
+  graph_ = backend::StepGraph<ExecSpace>();  // a captured step reads the old Views' pointers
+}
+
+template <class ExecSpace, class Comm, class Optimizer, class Scalar, class Loss>
+TrainResult DataParallelTrainer<ExecSpace, Comm, Optimizer, Scalar, Loss>::train(int steps) {
+  begin_run(steps);
+  ensure_engine();
+  int s = 0;
+  if (use_graph()) {
+    if (!graph_.ready()) {
+      // One plain step first: it warms the caches (kernel attributes, library handles, the collective)
+      // that must not be set up during a capture.
+      step();
+      ++s;
+      note_graph_failure(graph_.capture(space_, [&] { step(); }));
+    }
+    for (; s < steps && graph_.ready(); ++s) {
+      graph_.launch(space_);
+      mark_progress();
+    }
+  }
+  for (; s < steps; ++s) {
+    step();
+    mark_progress();
+  }
+  return end_run(steps);
+}
+
+template <class ExecSpace, class Comm, class Optimizer, class Scalar, class Loss>
+void DataParallelTrainer<ExecSpace, Comm, Optimizer, Scalar, Loss>::begin_run(int steps) {
+  std::string problem;
+  if (steps <= 0) problem = "dpmlp::DataParallelTrainer::train: steps must be positive, got " + std::to_string(steps);
+  if (problem.empty() && !has_data_) problem = "dpmlp::DataParallelTrainer::train: set_data() first";
+  // steps_done_ <= max_steps_done always holds, so the subtraction cannot overflow; after this check every
+  // step number of the run (steps_done_ + k, k <= steps) is at most max_steps_done.
+  if (problem.empty() && steps_done_ > max_steps_done - steps) {
+    problem = "dpmlp::DataParallelTrainer::train: " + std::to_string(steps) + " more steps after " +
+              std::to_string(steps_done_) + " would pass the step count limit " + std::to_string(max_steps_done);
+  }
+  // Every rank must take the same number of steps, or the collectives would not pair up.
+  long long range[2] = {steps, -static_cast<long long>(steps)};
+  timed_allreduce(MPI_IN_PLACE, range, 2, MPI_LONG_LONG, MPI_MIN, comm_.mpi_comm(),
+                  "MPI_Allreduce (DataParallelTrainer::train: the step counts)");
+  if (problem.empty() && range[0] != -range[1]) {
+    problem = "dpmlp::DataParallelTrainer::train: the ranks asked for different step counts (" +
+              std::to_string(range[0]) + " to " + std::to_string(-range[1]) + ")";
+  }
+  agree(comm_.mpi_comm(), problem);
+  if (losses_.extent(0) < static_cast<std::size_t>(steps)) {
+    all_or_none(comm_.mpi_comm(), [&] { losses_ = Kokkos::View<Scalar*, memory_space>("dpmlp::losses", steps); });
+    // Captured steps wrote into the old buffer.
+    graph_ = backend::StepGraph<ExecSpace>();
+    if (epochs_) epochs_->graph = backend::StepGraph<ExecSpace>();
+  }
+  Kokkos::deep_copy(space_, loss_index_, 0);
+  Kokkos::deep_copy(space_, update_count_, steps_done_);
+}
+
+template <class ExecSpace, class Comm, class Optimizer, class Scalar, class Loss>
+TrainResult DataParallelTrainer<ExecSpace, Comm, Optimizer, Scalar, Loss>::end_run(int steps) {
+  wait_for_space("DataParallelTrainer::train: the run's steps");
+  // A peer-exchange wait that timed out (on one rank, then its peers in turn): every rank throws.
+  if (peer_) {
+    agree<CommError>(comm_.mpi_comm(), peer_->failure());
+    peer_->quiet();  // every rank has fenced its steps: no peer writes into this rank's buffer any more
+  }
+  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), losses_);
+  // A diverged run is not counted in steps_done(): it is a failed run, not progress.
+  for (int s = 0; s < steps; ++s) {
+    if (!std::isfinite(static_cast<double>(host(s)))) {
+      throw TrainingError("dpmlp: the loss is not finite (" + std::to_string(host(s)) + ") at step " +
+                          std::to_string(steps_done_ + s + 1) + " (step " + std::to_string(s + 1) +
+                          " of this train() call); training stopped");
+    }
+  }
+  steps_done_ += steps;
+  TrainResult r;
+  r.first_loss = host(0);
+  r.last_loss = host(steps - 1);
+  r.steps = steps;
+  return r;
+}
+
+template <class ExecSpace, class Comm, class Optimizer, class Scalar, class Loss>
+void DataParallelTrainer<ExecSpace, Comm, Optimizer, Scalar, Loss>::step() {
+  step_with(engine_, reducer_, x_, y_, Scalar(1.0 / (static_cast<double>(global_rows_) * model_.outputs())),
+            peer_.get());
+}
+
+template <class ExecSpace, class Comm, class Optimizer, class Scalar, class Loss>
+void DataParallelTrainer<ExecSpace, Comm, Optimizer, Scalar, Loss>::epoch_step(std::int64_t k) {
+  const EpochSetup& es = *epochs_;
+  const BatchShape& b = k == es.per_epoch - 1 && es.last ? *es.last : es.full;
+  const std::int64_t first = k * es.full.local_rows;
+  const auto rows = std::make_pair(first, first + b.local_rows);
+  step_with(b.engine, b.reducer, Kokkos::subview(es.x, rows, Kokkos::ALL), Kokkos::subview(es.y, rows, Kokkos::ALL),
+            Scalar(1.0 / (static_cast<double>(b.rows) * model_.outputs())), nullptr);
+}
+
+template <class ExecSpace, class Comm, class Optimizer, class Scalar, class Loss>
+void DataParallelTrainer<ExecSpace, Comm, Optimizer, Scalar, Loss>::step_with(
+    const engine_type& engine, const BlockTreeReducer<ExecSpace, Scalar>& reducer, const const_matrix& x,
+    const const_matrix& y, const Scalar inv, backend::PeerExchange* peer) {
+  engine.compute(space_, x, y, inv);
+  const auto params = model_.params();
+  const auto losses = losses_;
+  const auto state = state_;
+  const std::int64_t P = static_cast<std::int64_t>(model_.num_params());
+  const auto index = loss_index_;
+  if (optimizer_.per_step()) {
+    // The update's number and what depends on it alone, on the device (optim.hpp).
+    const auto count = update_count_;
+    const auto scalars = step_scalars_;
+    const Optimizer opt = optimizer_;
+    Kokkos::parallel_for(
+        "dpmlp::prepare_update", Kokkos::RangePolicy<ExecSpace>(space_, 0, 1), KOKKOS_LAMBDA(const int) {
+          count() += 1;
+          opt.prepare(count(), scalars.data());
+        });
+  }
+  const auto update = optimizer_.template step<Scalar>(step_scalars_.data());
+  const bool clip = options_.clip_grad_norm > 0;
+  const auto grad = grad_;
+  // The optimizer update runs in the reduction's last kernel, column by column; with clipping, that kernel
+  // keeps the gradient, and the update follows the norm.
+  const auto apply = KOKKOS_LAMBDA(const std::int64_t i, const Scalar total) {
+    if (i < P) {
+      if (clip) {
+        grad(i) = total;
+      } else {
+        update(i, P, params.data(), total, state.data());
+      }
+    } else {
+      losses(index()) = total * inv;
+      index() += 1;
+    }
+  };
+  if (peer != nullptr) {
+    peer->busy();
+    backend::reduce_apply_peer(space_, reducer, engine.partials(), *peer, apply);
+  } else {
+    reducer.reduce_apply(space_, engine.partials(), comm_, apply);
+  }
+  if (clip) clip_and_update(update);
+}
+
+template <class ExecSpace, class Comm, class Optimizer, class Scalar, class Loss>
+void DataParallelTrainer<ExecSpace, Comm, Optimizer, Scalar, Loss>::prepare_epochs(std::int64_t batch_rows) {
+  if (epochs_ && epochs_->batch_rows == batch_rows) return;
+  epochs_.reset();  // the old buffers go first
+  auto es = std::make_unique<EpochSetup>();
+  es->batch_rows = batch_rows;
+  es->per_epoch = (global_rows_ + batch_rows - 1) / batch_rows;
+  const std::int64_t last_rows = global_rows_ - (es->per_epoch - 1) * batch_rows;
+  make_batch_shape(es->full, batch_rows);
+  if (last_rows != batch_rows) {
+    es->last = std::make_unique<BatchShape>();
+    make_batch_shape(*es->last, last_rows);
+  }
+  const std::int64_t local =
+      (es->per_epoch - 1) * es->full.local_rows + (es->last ? es->last->local_rows : es->full.local_rows);
+  all_or_none(comm_.mpi_comm(), [&] {
+    using namespace Kokkos;
+    es->x = matrix(view_alloc(WithoutInitializing, "dpmlp::epoch_x"), local, model_.inputs());
+    es->y = matrix(view_alloc(WithoutInitializing, "dpmlp::epoch_y"), local, model_.outputs());
+    if (comm_.size() == 1) {
+      es->order = decltype(es->order)(view_alloc(WithoutInitializing, "dpmlp::epoch_order"), global_rows_);
+    } else {
+      const std::int64_t n = plan_.shard().rows();
+      es->position = decltype(es->position)(view_alloc(WithoutInitializing, "dpmlp::epoch_position"), n);
+      es->dest = decltype(es->dest)(view_alloc(WithoutInitializing, "dpmlp::epoch_dest"), n);
+      es->counts = decltype(es->counts)("dpmlp::epoch_counts", 2 * comm_.size());
+      es->send = decltype(es->send)(view_alloc(WithoutInitializing, "dpmlp::epoch_send"), n * record_bytes());
+      es->recv = decltype(es->recv)(view_alloc(WithoutInitializing, "dpmlp::epoch_recv"), local * record_bytes());
+    }
+  });
+  epochs_ = std::move(es);
+}
+
+template <class ExecSpace, class Comm, class Optimizer, class Scalar, class Loss>
+void DataParallelTrainer<ExecSpace, Comm, Optimizer, Scalar, Loss>::make_batch_shape(BatchShape& b, std::int64_t rows) {
+  using engine_t = engine_type;
+  MPI_Comm c = comm_.mpi_comm();
+  std::string problem;
+  EnginePlan mine;
+  try {
+    mine = engine_t::plan(model_, options_, options_.reduction == Reduction::reproducible, rows, comm_.size());
+  } catch (const std::exception& e) {
+    problem = std::string("dpmlp::DataParallelTrainer::train_epochs: ") + e.what();
+  }
+  agree(c, problem);
+  b.plan = agreed_plan(mine, rows);
+  b.rows = rows;
+  const std::int64_t leaf = b.plan.block_rows * b.plan.leaf_group;
+  all_or_none(c, [&] {
+    b.tree = BlockTreePlan(rows, leaf, comm_.rank(), comm_.size());
+    b.local_rows = b.tree.shard().rows();
+    b.engine = engine_t(model_, b.local_rows, b.plan, loss_);
+    b.reducer = BlockTreeReducer<ExecSpace, Scalar>(b.tree, std::int64_t(model_.num_params()) + 1, options_.reduction);
+    b.bounds = decltype(b.bounds)("dpmlp::batch_bounds", comm_.size() + 1);
+    auto h = Kokkos::create_mirror_view(b.bounds);
+    for (int r = 0; r < comm_.size(); ++r) h(r) = make_shard(rows, leaf, r, comm_.size()).first_row;
+    h(comm_.size()) = rows;
+    Kokkos::deep_copy(b.bounds, h);
+  });
+}
+
+template <class ExecSpace, class Comm, class Optimizer, class Scalar, class Loss>
+void DataParallelTrainer<ExecSpace, Comm, Optimizer, Scalar, Loss>::fill_epoch(std::uint64_t seed, std::int64_t epoch) {
+  const EpochOrder order(seed, epoch, global_rows_);
+  if (comm_.size() > 1) {
+    exchange_epoch(order);
+    return;
+  }
+  // One rank: a row's place in the buffer is its position.
+  const EpochSetup& es = *epochs_;
+  const matrix ex = es.x, ey = es.y;
+  const const_matrix x = x_, y = y_;
+  const int nin = model_.inputs(), nout = model_.outputs();
+  const auto rows_of = es.order;
+  if constexpr (is_host_space<ExecSpace>()) {
+    // A thread a row: the row's order and its copy together, no index division per element.
+    Kokkos::parallel_for("dpmlp::epoch_gather_host", Kokkos::RangePolicy<ExecSpace>(space_, 0, global_rows_),
+                         [=](const std::int64_t p) {
+                           const std::int64_t r = order.row(p);
+                           rows_of(p) = r;
+                           for (int c = 0; c < nin; ++c) ex(p, c) = x(r, c);
+                           for (int c = 0; c < nout; ++c) ey(p, c) = y(r, c);
+                         });
+    return;
+  }
+  Kokkos::parallel_for(
+      "dpmlp::epoch_order", Kokkos::RangePolicy<ExecSpace>(space_, 0, global_rows_),
+      KOKKOS_LAMBDA(const std::int64_t p) { rows_of(p) = order.row(p); });
+  Kokkos::parallel_for(
+      "dpmlp::epoch_gather", Kokkos::RangePolicy<ExecSpace>(space_, 0, global_rows_ * (nin + nout)),
+      KOKKOS_LAMBDA(const std::int64_t i) {
+        const std::int64_t p = i / (nin + nout);
+        const int c = static_cast<int>(i - p * (nin + nout));
+        if (c < nin) {
+          ex(p, c) = x(rows_of(p), c);
+        } else {
+          ey(p, c - nin) = y(rows_of(p), c - nin);
+        }
+      });
+}
+
+template <class ExecSpace, class Comm, class Optimizer, class Scalar, class Loss>
+void DataParallelTrainer<ExecSpace, Comm, Optimizer, Scalar, Loss>::exchange_epoch(const EpochOrder& order) {
+  // The copies below wait for the space: first wait, with the timeout, for the last epoch's collectives.
+  wait_for_space("DataParallelTrainer::train_epochs: the last epoch's steps");
+  EpochSetup& es = *epochs_;
+  MPI_Comm c = comm_.mpi_comm();
+  const int R = comm_.size(), me = comm_.rank();
+  const std::int64_t B = es.batch_rows, per = es.per_epoch, lb = es.full.local_rows;
+  const std::int64_t first = plan_.shard().first_row, n = plan_.shard().rows();
+  const int nin = model_.inputs(), nout = model_.outputs();
+  const std::size_t rec = record_bytes();
+  const auto full_bounds = es.full.bounds;
+  const auto last_bounds = es.last ? es.last->bounds : es.full.bounds;
+  const auto position = es.position;
+  const auto dest = es.dest;
+  const auto counts = es.counts;  // [0, R): rows to each rank; [R, 2R): the packing cursors
+  const matrix ex = es.x, ey = es.y;
+  const const_matrix x = x_, y = y_;
+  const auto send = es.send;
+  Kokkos::deep_copy(space_, counts, 0);
+  Kokkos::parallel_for(
+      "dpmlp::epoch_destinations", Kokkos::RangePolicy<ExecSpace>(space_, 0, n), KOKKOS_LAMBDA(const std::int64_t r) {
+        const std::int64_t p = order.position(first + r);
+        position(r) = p;
+        const std::int64_t k = p / B, o = p - k * B;
+        const auto& bounds = k == per - 1 ? last_bounds : full_bounds;
+        int q = 0;
+        while (q + 1 < R && bounds(q + 1) <= o) ++q;
+        dest(r) = q;
+        Kokkos::atomic_add(&counts(q), std::int64_t(1));
+      });
+  std::vector<std::int64_t> to(R), from(R);
+  {
+    auto h = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), Kokkos::subview(counts, std::make_pair(0, R)));
+    for (int q = 0; q < R; ++q) to[q] = h(q);
+  }
+  std::vector<std::int64_t> cursor(R, 0);
+  for (int q = 1; q < R; ++q) cursor[q] = cursor[q - 1] + to[q - 1];
+  {
+    Kokkos::View<std::int64_t*, Kokkos::HostSpace> h(cursor.data(), R);
+    Kokkos::deep_copy(Kokkos::subview(counts, std::make_pair(R, 2 * R)), h);
+  }
+  Kokkos::parallel_for(
+      "dpmlp::epoch_pack", Kokkos::RangePolicy<ExecSpace>(space_, 0, n), KOKKOS_LAMBDA(const std::int64_t r) {
+        const std::int64_t slot = Kokkos::atomic_fetch_add(&counts(R + dest(r)), std::int64_t(1));
+        unsigned char* out = send.data() + slot * rec;
+        const std::int64_t p = position(r);
+        memcpy(out, &p, sizeof p);
+        Scalar* v = reinterpret_cast<Scalar*>(out + sizeof p);
+        for (int j = 0; j < nin; ++j) v[j] = x(r, j);
+        for (int j = 0; j < nout; ++j) v[nin + j] = y(r, j);
+      });
+  timed_alltoall(to.data(), 1, MPI_INT64_T, from.data(), 1, MPI_INT64_T, c,
+                 "MPI_Alltoall (DataParallelTrainer::train_epochs: the row counts)");
+  std::int64_t arriving = 0;
+  for (int q = 0; q < R; ++q) arriving += from[q];
+  const std::int64_t expected = static_cast<std::int64_t>(ex.extent(0));
+  std::vector<int> sc(R), sd(R), rc(R), rd(R);
+  std::string problem = arriving == expected ? std::string()
+                                             : "dpmlp::DataParallelTrainer::train_epochs: the exchange would bring " +
+                                                   std::to_string(arriving) + " rows, the epoch has " +
+                                                   std::to_string(expected) + " here";
+  std::int64_t so = 0, ro = 0;
+  for (int q = 0; q < R; ++q) {
+    if (so > INT_MAX || ro > INT_MAX) problem = "dpmlp::DataParallelTrainer::train_epochs: too many rows a rank";
+    sc[q] = static_cast<int>(to[q]);
+    sd[q] = static_cast<int>(so);
+    rc[q] = static_cast<int>(from[q]);
+    rd[q] = static_cast<int>(ro);
+    so += to[q];
+    ro += from[q];
+  }
+  agree<CommError>(c, problem);
+  auto hsend = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), send);
+  auto hrecv = Kokkos::create_mirror_view(Kokkos::HostSpace(), es.recv);
+  MPI_Datatype record = MPI_DATATYPE_NULL;
+  detail::check_mpi(MPI_Type_contiguous(static_cast<int>(rec), MPI_BYTE, &record), "MPI_Type_contiguous");
+  MPI_Type_commit(&record);
+  try {
+    // A nonblocking collective reads its buffers and its count arrays until it completes: an abandoned
+    // request keeps them (comm/timed.hpp).
+    const auto arrays = std::make_shared<std::vector<int>>();
+    for (const auto* v : {&sc, &sd, &rc, &rd}) arrays->insert(arrays->end(), v->begin(), v->end());
+    const int* a = arrays->data();
+    detail::timed(
+        c, "MPI_Alltoallv (DataParallelTrainer::train_epochs: the rows)",
+        [&](MPI_Request* r) {
+          return MPI_Ialltoallv(hsend.data(), a, a + R, record, hrecv.data(), a + 2 * R, a + 3 * R, record, c, r);
+        },
+        hsend, hrecv, arrays);
+  } catch (...) {
+    MPI_Type_free(&record);
+    throw;
+  }
+  MPI_Type_free(&record);
+  Kokkos::deep_copy(space_, es.recv, hrecv);
+  const auto recv = es.recv;
+  const auto mine_full = Kokkos::subview(full_bounds, me), mine_last = Kokkos::subview(last_bounds, me);
+  Kokkos::parallel_for(
+      "dpmlp::epoch_place", Kokkos::RangePolicy<ExecSpace>(space_, 0, arriving), KOKKOS_LAMBDA(const std::int64_t i) {
+        const unsigned char* in = recv.data() + i * rec;
+        std::int64_t p = 0;
+        memcpy(&p, in, sizeof p);
+        const std::int64_t k = p / B, o = p - k * B;
+        const std::int64_t local = k * lb + o - (k == per - 1 ? mine_last() : mine_full());
+        const Scalar* v = reinterpret_cast<const Scalar*>(in + sizeof p);
+        for (int j = 0; j < nin; ++j) ex(local, j) = v[j];
+        for (int j = 0; j < nout; ++j) ey(local, j) = v[nin + j];
+      });
+  // The host buffers must outlive the copies that read them.
+  compat::fence(space_, "dpmlp::DataParallelTrainer::train_epochs (exchange)");
+}
+
+template <class ExecSpace, class Comm, class Optimizer, class Scalar, class Loss>
+EnginePlan DataParallelTrainer<ExecSpace, Comm, Optimizer, Scalar, Loss>::agreed_plan(EnginePlan mine,
+                                                                                      std::int64_t rows) {
+  using engine_t = engine_type;
+  MPI_Comm c = comm_.mpi_comm();
+  int group = mine.leaf_group;
+  timed_allreduce(MPI_IN_PLACE, &group, 1, MPI_INT, MPI_MIN, c, "MPI_Allreduce (DataParallelTrainer: the leaf group)");
+  std::string regrouped;
+  if (group != mine.leaf_group) {
+    EngineOptions ungrouped = options_;
+    ungrouped.leaf_groups = Toggle::off;
+    try {
+      mine = engine_t::plan(model_, ungrouped, options_.reduction == Reduction::reproducible, rows, comm_.size());
+    } catch (const std::exception& e) {
+      regrouped = std::string("dpmlp::DataParallelTrainer: ") + e.what();
+    }
+  }
+  agree(c, regrouped);
+  const long long key = static_cast<long long>(mine.sums_key());
+  long long range[2] = {key, -key};
+  timed_allreduce(MPI_IN_PLACE, range, 2, MPI_LONG_LONG, MPI_MAX, c, "MPI_Allreduce (DataParallelTrainer: the plans)");
+  agree(c, range[0] == -range[1] ? std::string()
+                                 : "dpmlp::DataParallelTrainer: the ranks planned different engines (this rank: " +
+                                       mine.describe() + "); ask for one with TrainerOptions");
+  return mine;
+}
+
+template <class ExecSpace, class Comm, class Optimizer, class Scalar, class Loss>
+void DataParallelTrainer<ExecSpace, Comm, Optimizer, Scalar, Loss>::ensure_engine() {
+  if (engine_ready_) return;
+  all_or_none(comm_.mpi_comm(), [&] { engine_ = engine_type(model_, plan_.shard().rows(), engine_plan_, loss_); });
+  engine_ready_ = true;
+}
+
+template <class ExecSpace, class Comm, class Optimizer, class Scalar, class Loss>
+void DataParallelTrainer<ExecSpace, Comm, Optimizer, Scalar, Loss>::sync_parameters() {
+  const auto params = model_.params();
+  if (options_.broadcast_initial_params) {
+    comm_.broadcast(space_, params, 0);
+    wait_for_space("DataParallelTrainer: the broadcast of rank 0's parameters");
+    return;
+  }
+  const std::uint64_t mine = digest(params);
+  std::uint64_t root = mine;
+  timed_bcast(&root, 1, MPI_UINT64_T, 0, comm_.mpi_comm(), "MPI_Bcast (DataParallelTrainer: rank 0's digest)");
+  agree(comm_.mpi_comm(), mine == root ? std::string()
+                                       : "dpmlp::DataParallelTrainer: this rank's parameters (digest " + hex16(mine) +
+                                             ") differ from rank 0's (" + hex16(root) + "); refusing to train");
+}
+
+template <class ExecSpace, class Comm, class Optimizer, class Scalar, class Loss>
+std::string DataParallelTrainer<ExecSpace, Comm, Optimizer, Scalar, Loss>::check_shapes(const const_matrix& x,
+                                                                                        const const_matrix& y) const {
+  const auto rows = static_cast<std::size_t>(plan_.shard().rows());
+  auto shape = [](const const_matrix& v) { return std::to_string(v.extent(0)) + "x" + std::to_string(v.extent(1)); };
+  if (x.extent(0) != rows || x.extent(1) != static_cast<std::size_t>(model_.inputs())) {
+    return "dpmlp::DataParallelTrainer::set_data: x is " + shape(x) + ", expected " + std::to_string(rows) + "x" +
+           std::to_string(model_.inputs()) + " (this rank's shard: global rows " +
+           std::to_string(plan_.shard().first_row) + ".." + std::to_string(plan_.shard().end_row) + ", model inputs)";
+  }
+  if (y.extent(0) != rows || y.extent(1) != static_cast<std::size_t>(model_.outputs())) {
+    return "dpmlp::DataParallelTrainer::set_data: y is " + shape(y) + ", expected " + std::to_string(rows) + "x" +
+           std::to_string(model_.outputs()) + " (this rank's shard rows x model outputs)";
+  }
+  // The engines read rows at a stride of the row length: a View of some columns of a wider array (a
+  // column subview) has longer rows and would be misread. It needs a copy, which the caller makes.
+  // The pinned cuBLASLt and the CUTLASS GEMMs read x's rows with 16-byte loads.
+  if (engine_plan_.engine == Engine::layered &&
+      (engine_plan_.gemm == linalg::Backend::cublaslt || engine_plan_.gemm == linalg::Backend::cutlass) &&
+      reinterpret_cast<std::uintptr_t>(x.data()) % 16 != 0) {
+    return "dpmlp::DataParallelTrainer::set_data: x's data is not 16-byte aligned (a View of rows at an offset?); "
+           "deep_copy it into a View of its own";
+  }
+  for (const auto* v : {&x, &y}) {
+    if (v->extent(0) > 1 && v->stride(0) != v->extent(1)) {
+      return std::string("dpmlp::DataParallelTrainer::set_data: ") + (v == &x ? "x" : "y") +
+             " is not contiguous (its rows are " + std::to_string(v->stride(0)) + " elements apart, not " +
+             std::to_string(v->extent(1)) + ": a subview of some columns?); deep_copy it into a View of its own";
+    }
+  }
+  return {};
+}
+
+template <class ExecSpace, class Comm, class Optimizer, class Scalar, class Loss>
+std::string DataParallelTrainer<ExecSpace, Comm, Optimizer, Scalar, Loss>::find_non_finite(const const_matrix& v,
+                                                                                           const char* name) const {
+  const std::int64_t cols = v.extent(1);
+  const std::int64_t n = std::int64_t(v.extent(0)) * cols;
+  std::int64_t first = n;
+  Kokkos::parallel_reduce(
+      "dpmlp::find_non_finite", Kokkos::RangePolicy<ExecSpace>(space_, 0, n),
+      KOKKOS_LAMBDA(const std::int64_t i, std::int64_t& m) {
+        const Scalar value = v(i / cols, i % cols);
+        if (!compat::isfinite(value) && i < m) m = i;
+      },
+      Kokkos::Min<std::int64_t>(first));
+  if (first >= n) return {};
+  auto host = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), v);
+  const double bad = static_cast<double>(host(first / cols, first % cols));
+  return std::string("dpmlp: ") + name + " has a non-finite value (" + std::to_string(bad) + ") at global row " +
+         std::to_string(plan_.shard().first_row + first / cols) + ", column " + std::to_string(first % cols);
+}
 
 // Single-device value and gradient of `loss` (loss.hpp): grad (num_params) <- d loss / d params; returns the
 // loss. The same block-wise computation and plan as a one-rank trainer's step (so the same bits).
@@ -1022,5 +1074,19 @@ Scalar value_and_grad(const ExecSpace& space, const Mlp<Scalar, typename ExecSpa
   options.engine = engine;
   return value_and_grad(space, model, x, y, grad, options);
 }
+
+// The trainers compiled once: on CUDA builds through CMake (DPMLP_CUDA_KERNELS_SEPARATE, backend/cuda/entry.hpp)
+// the dpmlp_cuda_kernels library holds the trainers of Kokkos::Cuda with the default communicator, Sgd, Adam or
+// AdamW, float or double, learning Mse (src/cuda_trainers_float.cpp, src/cuda_trainers_double.cpp), and these
+// explicit instantiation declarations keep a translation unit that trains one from compiling its kernels again.
+// Any other trainer compiles where it is used, as in a header-only build.
+#define DPMLP_CUDA_TRAINERS(X, SCALAR) X(Sgd, SCALAR) X(Adam, SCALAR) X(AdamW, SCALAR)
+#if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_CUDA_KERNELS_SEPARATE)
+#define DPMLP_CUDA_TRAINER_EXTERN(OPTIMIZER, SCALAR) \
+  extern template class DataParallelTrainer<Kokkos::Cuda, default_communicator_t<Kokkos::Cuda>, OPTIMIZER, SCALAR, Mse>;
+DPMLP_CUDA_TRAINERS(DPMLP_CUDA_TRAINER_EXTERN, float)
+DPMLP_CUDA_TRAINERS(DPMLP_CUDA_TRAINER_EXTERN, double)
+#undef DPMLP_CUDA_TRAINER_EXTERN
+#endif
 
 }  // namespace dpmlp

@@ -9,7 +9,9 @@
 //   - separate (DPMLP_CUDA_KERNELS_SEPARATE, which CMake's dpmlp::dpmlp target sets on CUDA builds unless
 //     DPMLP_SEPARATE_CUDA_KERNELS is OFF): the headers only declare the entry points, and the kernels are
 //     compiled once, into the dpmlp_cuda_kernels library (src/cuda_kernels.cpp, which defines
-//     DPMLP_CUDA_KERNELS_DEFINE). A translation unit that trains then compiles none of them.
+//     DPMLP_CUDA_KERNELS_DEFINE). A translation unit that trains then compiles none of them. The same
+//     library holds the common trainers (DPMLP_CUDA_TRAINERS in data_parallel_trainer.hpp,
+//     src/cuda_trainers_*.cpp), which that macro declares extern there.
 // Both forms run the same code; only where it is compiled differs.
 #pragma once
 
