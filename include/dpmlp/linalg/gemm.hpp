@@ -235,6 +235,13 @@ using GemmTileShort = GemmTile<32, 128, 16, 4, 4, 4, 4, 3>;
 // in double keep the two stages within 48 KiB.
 template <class Scalar>
 using GemmTileThin = GemmTile<256, 1, sizeof(Scalar) <= 4 ? 16 : 8, 1, 1, 2, 0, 4>;
+// 64 x 1 tiles: the thin products with too few 256-row tiles to occupy a GPU (a few batch entries of a few
+// hundred rows each: the weight gradient of a one-output layer over large blocks, whose every element is one
+// long sum over the block's rows), up to eight teams a multiprocessor. k-tiles of 32 (16 in double): eight
+// teams' two stages fit in a multiprocessor's shared memory. The odd pitch keeps a warp's k-major stores of a
+// row-contiguous A on distinct banks.
+template <class Scalar>
+using GemmTileThinFew = GemmTile<64, 1, sizeof(Scalar) <= 4 ? 32 : 16, 1, 1, 1, 0, 8>;
 
 // The tiled kernel, one team a (batch entry, tile). OnHost: a team of any size (1 on host spaces) runs the T
 // logical threads in turn and keeps the accumulators in scratch between k-tiles; stores and loads do not
@@ -484,6 +491,15 @@ void gemm_tiled_launch(const ExecSpace& space, const BatchedGemm<Scalar>& g) {
 template <class ExecSpace, class Scalar>
 void gemm_portable_tiled(const ExecSpace& space, const BatchedGemm<Scalar>& g) {
   if (g.n < 4) {
+    // Fewer 256-row teams than would give each multiprocessor two (a device's concurrency is its resident
+    // threads, 2048 a multiprocessor on NVIDIA GPUs): 64-row teams, four times as many.
+    if constexpr (!is_host_space<ExecSpace>()) {
+      const std::int64_t teams = g.batch * ((std::int64_t(g.m) + 255) / 256);
+      if (teams * 1024 < std::int64_t(space.concurrency())) {
+        gemm_tiled_launch<GemmTileThinFew<Scalar>>(space, g);
+        return;
+      }
+    }
     gemm_tiled_launch<GemmTileThin<Scalar>>(space, g);
   } else if (g.m <= 32 && g.n > 64) {
     gemm_tiled_launch<GemmTileShort>(space, g);
