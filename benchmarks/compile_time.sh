@@ -121,6 +121,7 @@ EOF
 cp "$ROOT/src/cuda_kernels.cpp" "$WORK/kernels.cpp"
 cp "$ROOT/src/cuda_trainers_float.cpp" "$WORK/trainers_f.cpp"
 cp "$ROOT/src/cuda_trainers_double.cpp" "$WORK/trainers_d.cpp"
+cp "$ROOT/src/cuda_trainers.inc" "$WORK/cuda_trainers.inc"  # their shared body
 
 compile_seconds() {  # compile_seconds <tu>: one compile, wall seconds on stdout
   local t0 t1

@@ -1081,9 +1081,10 @@ Scalar value_and_grad(const ExecSpace& space, const Mlp<Scalar, typename ExecSpa
 // explicit instantiation declarations keep a translation unit that trains one from compiling its kernels again.
 // Any other trainer compiles where it is used, as in a header-only build.
 #define DPMLP_CUDA_TRAINERS(X, SCALAR) X(Sgd, SCALAR) X(Adam, SCALAR) X(AdamW, SCALAR)
+#define DPMLP_CUDA_TRAINER(OPTIMIZER, SCALAR) \
+  DataParallelTrainer<Kokkos::Cuda, default_communicator_t<Kokkos::Cuda>, OPTIMIZER, SCALAR, Mse>
 #if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_CUDA_KERNELS_SEPARATE)
-#define DPMLP_CUDA_TRAINER_EXTERN(OPTIMIZER, SCALAR) \
-  extern template class DataParallelTrainer<Kokkos::Cuda, default_communicator_t<Kokkos::Cuda>, OPTIMIZER, SCALAR, Mse>;
+#define DPMLP_CUDA_TRAINER_EXTERN(OPTIMIZER, SCALAR) extern template class DPMLP_CUDA_TRAINER(OPTIMIZER, SCALAR);
 DPMLP_CUDA_TRAINERS(DPMLP_CUDA_TRAINER_EXTERN, float)
 DPMLP_CUDA_TRAINERS(DPMLP_CUDA_TRAINER_EXTERN, double)
 #undef DPMLP_CUDA_TRAINER_EXTERN
