@@ -668,3 +668,39 @@ TEST_CASE("host engine: deep and wide models, full batch and mini-batches, the s
     }
   }
 }
+
+TEST_CASE("layered engine: deep and wide models, full batch and mini-batches, the same bits at any rank count",
+          "[trainer][deep]") {
+  // 64- to 256-wide layers (the GEMM tiles follow the width), one to four outputs (on device spaces, the
+  // engine's own output-layer kernels), short last blocks.
+  struct Case {
+    std::vector<int> widths;
+    dpmlp::Activation act;
+    std::int64_t rows, block;
+  };
+  const std::vector<Case> cases = {{{32, 64, 64, 64, 1}, dpmlp::Activation::relu, 1001, 100},
+                                   {{32, 256, 256, 1}, dpmlp::Activation::relu, 700, 0},
+                                   {{16, 128, 128, 4}, dpmlp::Activation::tanh, 523, 64}};
+  for (const auto& c : cases) {
+    Problem p;
+    p.rows = c.rows;
+    p.widths = c.widths;
+    p.activation = c.act;
+    dpmlp::TrainerOptions opt;
+    opt.block_rows = c.block;
+    opt.engine = dpmlp::Engine::layered;
+    INFO("widths " << c.widths.size() - 1 << " layers, " << c.widths[1] << " wide, rows " << c.rows << ", block "
+                   << c.block << ", ranks " << size());
+    const Trained multi = train(MPI_COMM_WORLD, p, 6, opt, dpmlp::Sgd(1e-4, 0.9));
+    const Trained single = train_alone(p, 6, opt, dpmlp::Sgd(1e-4, 0.9));
+    CHECK(std::memcmp(multi.params.data(), single.params.data(), multi.params.size() * sizeof(float)) == 0);
+    CHECK(multi.result.last_loss == single.result.last_loss);
+    CHECK(multi.result.last_loss < multi.result.first_loss);
+    for (std::int64_t batch : {std::int64_t(96), std::int64_t(250)}) {
+      const auto mb_multi = train_minibatch(MPI_COMM_WORLD, p, 2, batch, 7, opt, 1e-4);
+      const auto mb_single = train_minibatch(MPI_COMM_SELF, p, 2, batch, 7, opt, 1e-4);
+      INFO("batch " << batch);
+      CHECK(std::memcmp(mb_multi.data(), mb_single.data(), mb_multi.size() * sizeof(float)) == 0);
+    }
+  }
+}

@@ -229,9 +229,9 @@ class BlockEngine {
   const matrix& output() const { return acts_.back(); }
 
 
-  // Whether back-propagation through a layer of n_o outputs runs as one element-wise kernel rather than a GEMM
-  // and a kernel: on device spaces (host spaces keep Eigen's GEMM) for at most 4 outputs, where a GEMM with
-  // k = n_o is all memory traffic.
+  // Whether a layer of n_o outputs runs on the engine's own memory-bound kernels (narrow_forward,
+  // narrow_backward) rather than GEMMs: on device spaces (host spaces keep their GEMMs) for at most 4 outputs,
+  // where a GEMM with n or k = n_o is all memory traffic.
   static constexpr bool narrow_delta(int n_o) { return !is_host_space<ExecSpace>() && n_o <= 4; }
 
   // Whether the layered engine's GEMMs over rows run as one GEMM over all the shard's rows rather than block by
@@ -247,6 +247,11 @@ class BlockEngine {
       const int n_in = model_.widths()[l], n_out = model_.widths()[l + 1];
       const matrix out = acts_[l];
       const Activation act = l + 1 == model_.layers() ? Activation::identity : model_.activation();
+      if (narrow_delta(n_out) && narrow_forward(space, n_in, n_out, in.data(), model_.weight(l).data(),
+                                                model_.bias(l).data(), out.data(), act)) {
+        in = out;
+        continue;
+      }
       // The bias and the activation in the GEMM's pass where the backend can.
       const bool added = rows_gemm(space, linalg::Op::N, n_out, n_in, in.data(), n_in, model_.weight(l).data(), n_out,
                                    out.data(), n_out, Fuse::bias_activation, model_.bias(l).data(), 0, act);
@@ -315,28 +320,26 @@ class BlockEngine {
       const matrix d = delta_[l % 2];
       const Scalar* a_prev = l == 0 ? x.data() : acts_[l - 1].data();
       const int ld_d = static_cast<int>(d.extent(1));
-      // dW_l[block] = A_{l-1}[block]^T * delta_l[block]  (n_in x n_o, summed over the block's rows)
-      blocked_weight_grad(space, n_in, n_o, a_prev, d.data(), ld_d, model_.weight_offset(l));
+      const matrix dn = l > 0 ? delta_[(l - 1) % 2] : matrix();
+      const int ld_dn = l > 0 ? static_cast<int>(dn.extent(1)) : 0;
+      const Activation act = model_.activation();
+      // Few outputs (the output layer) below another layer: its weight gradient and the delta below in one
+      // pass over A_{l-1} (narrow_backward).
+      const bool narrow = l > 0 && narrow_delta(n_o);
+      if (narrow) {
+        narrow_backward(space, n_in, n_o, a_prev, d.data(), ld_d, model_.weight(l).data(), dn.data(), ld_dn, act,
+                        static_cast<std::int64_t>(model_.weight_offset(l)));
+      } else {
+        // dW_l[block] = A_{l-1}[block]^T * delta_l[block]  (n_in x n_o, summed over the block's rows)
+        blocked_weight_grad(space, n_in, n_o, a_prev, d.data(), ld_d, model_.weight_offset(l));
+      }
       // db_l[block] = sum over the block's rows of delta_l (block_column_sums' fixed order)
       const std::int64_t boff = static_cast<std::int64_t>(model_.bias_offset(l));
       block_column_sums(space, "dpmlp::bias_grad", d.data(), ld_d, n_o, boff);
       if (l == 0) break;
+      if (narrow) continue;
       // delta_{l-1} = (delta_l * W_l^T) .* act'(A_{l-1})
-      const matrix dn = delta_[(l - 1) % 2];
-      const int ld_dn = static_cast<int>(dn.extent(1));
       const auto a = acts_[l - 1];
-      const Activation act = model_.activation();
-      if (narrow_delta(n_o)) {
-        // Few outputs (the output layer): the product and the derivative in one pass over the rows, each
-        // element's sum over j in increasing order from +0, as the portable GEMM sums it.
-        const auto w = model_.weight(l);
-        for_each_element(space, "dpmlp::narrow_delta", rows, n_in, KOKKOS_LAMBDA(const std::int64_t r, const int i) {
-          Scalar acc = Scalar(0);
-          for (int j = 0; j < n_o; ++j) acc += d(r, j) * w(i, j);
-          dn(r, i) = acc * activate_grad_from_output(act, a(r, i));
-        });
-        continue;
-      }
       const bool fused = rows_gemm(space, linalg::Op::T, n_in, n_o, d.data(), ld_d, model_.weight(l).data(), n_o,
                                    dn.data(), ld_dn, Fuse::activation_grad, a.data(), n_in, act);
       if (!fused) {
@@ -421,10 +424,150 @@ class BlockEngine {
       typename md_policy_t::point_type lower{{0, 0}}, upper{{rows, std::int64_t(cols)}};
       Kokkos::parallel_for(label, md_policy_t(space, lower, upper),
                            KOKKOS_LAMBDA(const std::int64_t r, const std::int64_t j) { f(r, static_cast<int>(j)); });
+    } else if (static_cast<std::uint64_t>(rows) * static_cast<std::uint64_t>(cols) <= UINT32_MAX) {
+      // 32-bit index arithmetic where it fits: a 64-bit division is a long software routine on a GPU, and
+      // made these memory-bound kernels several times slower than their traffic.
+      const std::uint32_t c = static_cast<std::uint32_t>(cols);
+      Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace>(space, 0, rows * cols),
+                           KOKKOS_LAMBDA(const std::int64_t idx) {
+                             const std::uint32_t u = static_cast<std::uint32_t>(idx);
+                             f(static_cast<std::int64_t>(u / c), static_cast<int>(u % c));
+                           });
     } else {
       Kokkos::parallel_for(label, Kokkos::RangePolicy<ExecSpace>(space, 0, rows * cols),
                            KOKKOS_LAMBDA(const std::int64_t idx) { f(idx / cols, static_cast<int>(idx % cols)); });
     }
+  }
+
+  // Device spaces, a layer of n_out <= 4 outputs (narrow_delta(n_out)) whose weights and a row of inputs fit a
+  // team's scratch: Out = act(In * W + bias), each element summed over i in increasing order from +0 and then the bias added,
+  // as the portable GEMM and its element-wise kernel do it. A team stages TR rows of In in scratch with
+  // coalesced loads, then a thread a (row, output) sums its row from there. A GEMM with n = n_out this thin is
+  // all memory traffic. Returns false (and does nothing) where it does not run.
+  bool narrow_forward(const ExecSpace& space, int n_in, int n_out, const Scalar* in, const Scalar* w,
+                      const Scalar* bias, Scalar* out, Activation act) const {
+    if constexpr (!is_host_space<ExecSpace>()) {
+      constexpr int T = 256, U = 16;  // threads a team; elements a thread loads before it stores them
+      const int P = n_in + 1;        // the rows' pitch in scratch: the threads of a warp read distinct banks
+      using policy_t = Kokkos::TeamPolicy<ExecSpace>;
+      // The scratch the space gives a team, with room for the two allocations' alignment.
+      int TR = (static_cast<int>(policy_t::scratch_size_max(0) / sizeof(Scalar)) - n_in * n_out - 64) / P;
+      if (TR > 64) TR = 64;
+      if (TR < 1) return false;
+      using member_t = typename policy_t::member_type;
+      using scratch_t = Kokkos::View<Scalar*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+      const std::int64_t rows = rows_;
+      policy_t policy(space, static_cast<int>((rows + TR - 1) / TR), T);
+      policy.set_scratch_size(0, Kokkos::PerTeam(scratch_t::shmem_size(TR * P) + scratch_t::shmem_size(n_in * n_out)));
+      Kokkos::parallel_for("dpmlp::narrow_forward", policy, KOKKOS_LAMBDA(const member_t& team) {
+        const std::int64_t r0 = static_cast<std::int64_t>(team.league_rank()) * TR;
+        const int nr = rows - r0 < TR ? static_cast<int>(rows - r0) : TR;
+        const int id = team.team_rank(), count = nr * n_in;
+        scratch_t tile(team.team_scratch(0), TR * P), ws(team.team_scratch(0), n_in * n_out);
+        const Scalar* src = in + r0 * n_in;
+        for (int e0 = id; e0 < count; e0 += U * T) {
+          Scalar v[U];
+          for (int u = 0; u < U; ++u) v[u] = e0 + u * T < count ? src[e0 + u * T] : Scalar(0);
+          for (int u = 0; u < U; ++u) {
+            const int e = e0 + u * T;
+            if (e < count) tile((e / n_in) * P + e % n_in) = v[u];
+          }
+        }
+        for (int e = id; e < n_in * n_out; e += T) ws(e) = w[e];
+        team.team_barrier();
+        for (int t = id; t < nr * n_out; t += T) {
+          const int rr = t % nr, j = t / nr;
+          Scalar acc = Scalar(0);
+          for (int i = 0; i < n_in; ++i) acc += tile(rr * P + i) * ws(i * n_out + j);
+          out[(r0 + rr) * n_out + j] = activate(act, acc + bias[j]);
+        }
+      });
+      return true;
+    } else {
+      (void)space, (void)n_in, (void)n_out, (void)in, (void)w, (void)bias, (void)out, (void)act;
+      return false;
+    }
+  }
+
+  // Device spaces, a layer l > 0 of n_o <= 4 outputs (the output layer): in one pass over A = A_{l-1}
+  // (rows x n_in) and the layer's deltas D, both its per-block weight gradient,
+  //   partials(b, off + i * n_o + j) = sum over block b's rows r of A(r, i) D(r, j),
+  // and the delta of the layer below, Dn(r, i) = (sum_j D(r, j) W(i, j), j increasing from +0) * act'(A(r, i)).
+  // A GEMM with n or k = n_o is all memory traffic; this reads A once where a GEMM and a kernel read it twice.
+  // The team layout and the sums' order are block_column_sums': a team a block and C columns, each column's
+  // rows split over the lanes, each lane in row order, the lanes combined by a fixed pairwise tree; so a
+  // block's bits depend on its rows alone.
+  void narrow_backward(const ExecSpace& space, int n_in, int n_o, const Scalar* a, const Scalar* d, int ld_d,
+                       const Scalar* w, Scalar* dn, int ld_dn, Activation act, std::int64_t off) const {
+    switch (n_o) {
+      case 1: narrow_backward_n<1>(space, n_in, a, d, ld_d, w, dn, ld_dn, act, off); break;
+      case 2: narrow_backward_n<2>(space, n_in, a, d, ld_d, w, dn, ld_dn, act, off); break;
+      case 3: narrow_backward_n<3>(space, n_in, a, d, ld_d, w, dn, ld_dn, act, off); break;
+      default: narrow_backward_n<4>(space, n_in, a, d, ld_d, w, dn, ld_dn, act, off); break;
+    }
+  }
+
+  template <int NO>
+  void narrow_backward_n(const ExecSpace& space, int n_in, const Scalar* a, const Scalar* d, int ld_d,
+                         const Scalar* w, Scalar* dn, int ld_dn, Activation act, std::int64_t off) const {
+    const matrix part = partials_;
+    const std::int64_t block = plan_.block_rows, rows = rows_;
+    constexpr int T = 256, U = 4;  // threads a team; rows a lane loads before it stores
+    int C = 1;
+    while (C < n_in && C < 32) C *= 2;
+    const int lanes = T / C, chunks = (n_in + C - 1) / C;
+    using policy_t = Kokkos::TeamPolicy<ExecSpace>;
+    using member_t = typename policy_t::member_type;
+    using scratch_t = Kokkos::View<Scalar*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+    policy_t policy(space, static_cast<int>(blocks_ * chunks), T);
+    policy.set_scratch_size(0, Kokkos::PerTeam(scratch_t::shmem_size(T)));
+    Kokkos::parallel_for("dpmlp::narrow_backward", policy, KOKKOS_LAMBDA(const member_t& team) {
+      const std::int64_t b = team.league_rank() / chunks;
+      const int id = team.team_rank(), lane = id % C, wl = id / C;
+      const int i = (team.league_rank() % chunks) * C + lane;
+      const std::int64_t end = (b + 1) * block < rows ? (b + 1) * block : rows;
+      Scalar acc[NO];
+      for (int j = 0; j < NO; ++j) acc[j] = Scalar(0);
+      if (i < n_in) {
+        Scalar wi[NO];
+        for (int j = 0; j < NO; ++j) wi[j] = w[i * NO + j];
+        // One row's work; the loads of U rows go out before any of their stores (a store between them would
+        // keep the next loads from being in flight), and acc still takes the rows in order.
+        auto row = [&](const Scalar ar, const Scalar* dr, const std::int64_t r) {
+          Scalar s = Scalar(0);
+          for (int j = 0; j < NO; ++j) {
+            s += dr[j] * wi[j];
+            acc[j] += ar * dr[j];
+          }
+          dn[r * ld_dn + i] = s * activate_grad_from_output(act, ar);
+        };
+        std::int64_t r = b * block + wl;
+        for (; r + (U - 1) * lanes < end; r += U * lanes) {
+          Scalar ar[U], dr[U][NO];
+          for (int u = 0; u < U; ++u) {
+            ar[u] = a[(r + u * lanes) * n_in + i];
+            for (int j = 0; j < NO; ++j) dr[u][j] = d[(r + u * lanes) * ld_d + j];
+          }
+          for (int u = 0; u < U; ++u) row(ar[u], dr[u], r + u * lanes);
+        }
+        for (; r < end; r += lanes) {
+          Scalar dr[NO];
+          for (int j = 0; j < NO; ++j) dr[j] = d[r * ld_d + j];
+          row(a[r * n_in + i], dr, r);
+        }
+      }
+      scratch_t s(team.team_scratch(0), T);
+      for (int j = 0; j < NO; ++j) {
+        s(id) = acc[j];
+        team.team_barrier();
+        for (int half = lanes / 2; half >= 1; half /= 2) {
+          if (wl < half) s(id) += s(id + half * C);
+          team.team_barrier();
+        }
+        if (wl == 0 && i < n_in) part(b, off + i * NO + j) = s(lane);
+        team.team_barrier();
+      }
+    });
   }
 
   template <int NI>
