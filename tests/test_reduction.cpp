@@ -163,27 +163,34 @@ TEST_CASE("the device reducer matches the simulation on one rank", "[reduction]"
 TEST_CASE("both local reductions (in team scratch, in place) give the same bits", "[reduction]") {
   using Space = Kokkos::DefaultExecutionSpace;
   using Matrix = Kokkos::View<double**, Kokkos::LayoutRight, Space::memory_space>;
-  for (int size : {1, 3}) {
-    for (int rank : {0, size - 1}) {
-      for (auto mode : {dpmlp::Reduction::reproducible, dpmlp::Reduction::fast}) {
-        const dpmlp::BlockTreePlan plan(10000, 3, rank, size);
-        const std::int64_t nb = plan.shard().local_blocks(), width = 37;
-        Matrix a("a", nb, width), b("b", nb, width);
-        auto h = Kokkos::create_mirror_view(a);
-        for (std::int64_t i = 0; i < nb; ++i) {
-          for (std::int64_t p = 0; p < width; ++p) h(i, p) = std::sin(0.37 * i + 1.3 * p) * 1e3 + 1.0 / (1 + i);
+  // Narrow partial sums over many blocks, and wide ones over few (the blocks of a mini-batch of a deep model:
+  // on a GPU, teams of up to 256 columns).
+  struct Shape {
+    std::int64_t rows, width;
+  };
+  for (const Shape shape : {Shape{10000, 37}, Shape{96, 70000}}) {
+    for (int size : {1, 3}) {
+      for (int rank : {0, size - 1}) {
+        for (auto mode : {dpmlp::Reduction::reproducible, dpmlp::Reduction::fast}) {
+          const dpmlp::BlockTreePlan plan(shape.rows, 3, rank, size);
+          const std::int64_t nb = plan.shard().local_blocks(), width = shape.width;
+          Matrix a("a", nb, width), b("b", nb, width);
+          auto h = Kokkos::create_mirror_view(a);
+          for (std::int64_t i = 0; i < nb; ++i) {
+            for (std::int64_t p = 0; p < width; ++p) h(i, p) = std::sin(0.37 * i + 1.3 * p) * 1e3 + 1.0 / (1 + i);
+          }
+          Kokkos::deep_copy(a, h);
+          Kokkos::deep_copy(b, h);
+          dpmlp::BlockTreeReducer<Space, double> reducer(plan, width, mode);
+          reducer.reduce_local_in_place(Space(), a);
+          auto in_place = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), reducer.staged());
+          reducer.reduce_local_in_scratch(Space(), b);
+          auto in_scratch = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), reducer.staged());
+          INFO("rank " << rank << " of " << size << ", " << (mode == dpmlp::Reduction::fast ? "fast" : "reproducible")
+                       << ", " << plan.local_nodes().size() << " subtrees, width " << width);
+          REQUIRE(in_place.extent(0) == in_scratch.extent(0));
+          CHECK(std::memcmp(in_place.data(), in_scratch.data(), in_place.span() * sizeof(double)) == 0);
         }
-        Kokkos::deep_copy(a, h);
-        Kokkos::deep_copy(b, h);
-        dpmlp::BlockTreeReducer<Space, double> reducer(plan, width, mode);
-        reducer.reduce_local_in_place(Space(), a);
-        auto in_place = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), reducer.staged());
-        reducer.reduce_local_in_scratch(Space(), b);
-        auto in_scratch = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), reducer.staged());
-        INFO("rank " << rank << " of " << size << ", " << (mode == dpmlp::Reduction::fast ? "fast" : "reproducible")
-                     << ", " << plan.local_nodes().size() << " subtrees");
-        REQUIRE(in_place.extent(0) == in_scratch.extent(0));
-        CHECK(std::memcmp(in_place.data(), in_scratch.data(), in_place.span() * sizeof(double)) == 0);
       }
     }
   }

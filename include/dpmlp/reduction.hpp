@@ -216,6 +216,16 @@ class BlockTreeReducer {
           break;
         }
       }
+      // Wider teams (up to 256 columns, a lane each) where the columns still make some 1024 teams, a GPU's
+      // worth: a team's time is mostly its loads' latency and its levels' barriers, so fewer teams in fewer
+      // waves finish sooner (many short subtrees over a wide model: the blocks of a mini-batch). The levels'
+      // pairs are the same whatever the lanes, so the bits are too.
+      for (int c = 256; c > scratch_cols_; c /= 2) {
+        if (c <= fit && (width + c - 1) / c >= 1024) {
+          scratch_cols_ = c;
+          break;
+        }
+      }
       scratch_rows_ = widest;
     }
     // The combine's columns a team holds in scratch: every value of the program (gathered and temporary)

@@ -7,6 +7,7 @@
 // offers the planner (engine_caps).
 #pragma once
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <string>
@@ -454,6 +455,9 @@ class BlockEngine {
       int TR = (static_cast<int>(policy_t::scratch_size_max(0) / sizeof(Scalar)) - n_in * n_out - 64) / P;
       if (TR > 64) TR = 64;
       if (TR < 1) return false;
+      // Few rows (a mini-batch): fewer a team, so that the teams still fill the device.
+      const std::int64_t teams = std::max<std::int64_t>(1, space.concurrency() / T);
+      TR = static_cast<int>(std::min<std::int64_t>(TR, std::max<std::int64_t>(1, (rows_ + teams - 1) / teams)));
       using member_t = typename policy_t::member_type;
       using scratch_t = Kokkos::View<Scalar*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
       const std::int64_t rows = rows_;
