@@ -9,6 +9,7 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -437,3 +438,18 @@ TEST_CASE("NcclCommunicator: ranks sharing a GPU throw on every rank instead of 
 }
 
 #endif  // DPMLP_HAS_NCCL_COMMUNICATOR
+
+TEST_CASE("timed waits sleep at most 0.1 ms between tests for their first 100 ms, then up to 1 ms", "[comm]") {
+  // A short wait (the end of a training call: an epoch of a small model takes a few milliseconds) must end
+  // soon after its event; sleeps of up to 1 ms from the start made it end up to 1 ms late.
+  using us = std::chrono::microseconds;
+  us pause{20};
+  for (int i = 0; i < 20; ++i) {
+    pause = dpmlp::detail::next_pause(pause, std::chrono::milliseconds(50));
+    CHECK(pause <= us(100));
+  }
+  CHECK(pause == us(100));
+  for (int i = 0; i < 20; ++i) pause = dpmlp::detail::next_pause(pause, std::chrono::milliseconds(150));
+  CHECK(pause == us(1000));
+  CHECK(dpmlp::detail::next_pause(us(20), std::chrono::milliseconds(3)) == us(40));
+}

@@ -4,9 +4,9 @@
 // Every host-side collective dpmlp calls (agree(), MpiCommunicator, the trainer's own, checkpoints, the
 // standardizer) is the nonblocking MPI call (MPI_Iallreduce, ...) followed by wait(): MPI_Test in a loop,
 // first spinning (a collective whose ranks are all there costs what the blocking call costs), then, after
-// kSpin, with sleeps growing to 1 ms, so a rank that waits long does not keep a core busy. A wait that passes
-// the communicator's timeout (collective_timeout(comm): TrainerOptions::collective_timeout_s on a trainer's
-// communicator; set_collective_timeout for any other; default_collective_timeout_s otherwise) throws
+// kSpin, with sleeps growing to 1 ms (next_pause), so a rank that waits long does not keep a core busy. A
+// wait that passes the communicator's timeout (collective_timeout(comm): TrainerOptions::collective_timeout_s
+// on a trainer's communicator; set_collective_timeout for any other; default_collective_timeout_s otherwise) throws
 // CollectiveTimeout (a CommError) on every rank that can still act, naming the operation and the ranks that did
 // not arrive:
 //
@@ -55,6 +55,16 @@ namespace detail {
 constexpr int kRollCallTag = 32321;
 // A wait spins this long before it starts to sleep between tests.
 constexpr std::chrono::microseconds kSpin{2000};
+// The sleep after `pause` in a wait that has lasted `waited`: doubling from 20 us, up to 100 us for the first
+// kPatient, then up to 1 ms. A wait of a few milliseconds (a training call's end: an epoch of a small model)
+// then ends within ~0.1 ms of its event; with sleeps of up to 1 ms from the start it ended up to 1 ms late, a
+// quarter of such an epoch. A long wait still keeps its core idle.
+constexpr std::chrono::milliseconds kPatient{100};
+template <class Duration>
+std::chrono::microseconds next_pause(std::chrono::microseconds pause, Duration waited) {
+  const auto cap = std::chrono::microseconds(waited < kPatient ? 100 : 1000);
+  return std::min(pause * 2, cap);
+}
 
 // What dpmlp keeps about a communicator: an MPI attribute, deleted with the communicator (after a timeout it
 // is kept: pending sends read `note`). A duplicate (MPI_Comm_dup) inherits the timeout only.
@@ -231,7 +241,7 @@ inline void wait(MPI_Comm comm, CommWatch& w, MPI_Request& request, const char* 
       throw CollectiveTimeout(w.abandoned);
     }
     std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    pause = next_pause(pause, now - start);
   }
 }
 

@@ -441,10 +441,10 @@ class BlockEngine {
   }
 
   // Device spaces, a layer of n_out <= 4 outputs (narrow_delta(n_out)) whose weights and a row of inputs fit a
-  // team's scratch: Out = act(In * W + bias), each element summed over i in increasing order from +0 and then the bias added,
-  // as the portable GEMM and its element-wise kernel do it. A team stages TR rows of In in scratch with
-  // coalesced loads, then a thread a (row, output) sums its row from there. A GEMM with n = n_out this thin is
-  // all memory traffic. Returns false (and does nothing) where it does not run.
+  // team's scratch: Out = act(In * W + bias), each element summed over i in increasing order from +0 and then
+  // the bias added, as the portable GEMM and its element-wise kernel do it. A team stages TR rows of In in
+  // scratch with coalesced loads, then a thread a (row, output) sums its row from there. A GEMM with
+  // n = n_out this thin is all memory traffic. Returns false (and does nothing) where it does not run.
   bool narrow_forward(const ExecSpace& space, int n_in, int n_out, const Scalar* in, const Scalar* w,
                       const Scalar* bias, Scalar* out, Activation act) const {
     if constexpr (!is_host_space<ExecSpace>()) {

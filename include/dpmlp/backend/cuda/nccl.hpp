@@ -310,7 +310,7 @@ class NcclCommunicator {
       MPI_Iprobe(MPI_ANY_SOURCE, detail::kRollCallTag, comm_.get(), &other, &status);
       if (other || now - progress >= timeout) give_up(what, now - progress, other != 0);
       std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+      pause = detail::next_pause(pause, now - start);
     }
   }
 
@@ -364,7 +364,7 @@ class NcclCommunicator {
         give_up(what, waited, false);
       }
       std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+      pause = detail::next_pause(pause, waited);
     }
   }
 
