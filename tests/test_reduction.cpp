@@ -163,12 +163,12 @@ TEST_CASE("the device reducer matches the simulation on one rank", "[reduction]"
 TEST_CASE("both local reductions (in team scratch, in place) give the same bits", "[reduction]") {
   using Space = Kokkos::DefaultExecutionSpace;
   using Matrix = Kokkos::View<double**, Kokkos::LayoutRight, Space::memory_space>;
-  // Narrow partial sums over many blocks, and wide ones over few (the blocks of a mini-batch of a deep model:
-  // on a GPU, teams of up to 256 columns).
+  // Narrow partial sums over many blocks, and wide ones over few (the blocks of a mini-batch of a deep model):
+  // on a GPU, teams of 32, 64, 128 and 256 columns.
   struct Shape {
     std::int64_t rows, width;
   };
-  for (const Shape shape : {Shape{10000, 37}, Shape{96, 70000}}) {
+  for (const Shape shape : {Shape{10000, 37}, Shape{96, 70000}, Shape{96, 140000}, Shape{60, 262200}}) {
     for (int size : {1, 3}) {
       for (int rank : {0, size - 1}) {
         for (auto mode : {dpmlp::Reduction::reproducible, dpmlp::Reduction::fast}) {
