@@ -623,49 +623,68 @@ TEST_CASE("peer exchange: a rank that falls behind makes every rank throw CommEr
 }
 #endif
 
+namespace {
+
+// A deep or wide model for the same-bits checks of an engine.
+struct DeepCase {
+  std::vector<int> widths;
+  dpmlp::Activation act;
+  std::int64_t rows, block;
+  Problem problem() const {
+    Problem p;
+    p.rows = rows;
+    p.widths = widths;
+    p.activation = act;
+    return p;
+  }
+};
+
+// Trains c with `opt` (its engine) over all ranks and on one, 6 full-batch steps and then two epochs at each
+// of two batch sizes, and checks that both give the same bits; returns the one-rank full-batch run.
+Trained check_same_bits_any_rank(const DeepCase& c, dpmlp::TrainerOptions opt) {
+  const Problem p = c.problem();
+  opt.block_rows = c.block;
+  INFO("widths " << c.widths.size() - 1 << " layers, " << c.widths[1] << " wide, rows " << c.rows << ", block "
+                 << c.block << ", ranks " << size());
+  const Trained multi = train(MPI_COMM_WORLD, p, 6, opt, dpmlp::Sgd(1e-4, 0.9));
+  const Trained single = train_alone(p, 6, opt, dpmlp::Sgd(1e-4, 0.9));
+  CHECK(std::memcmp(multi.params.data(), single.params.data(), multi.params.size() * sizeof(float)) == 0);
+  CHECK(multi.result.last_loss == single.result.last_loss);
+  CHECK(multi.result.last_loss < multi.result.first_loss);
+  for (std::int64_t batch : {std::int64_t(96), std::int64_t(250)}) {
+    const auto mb_multi = train_minibatch(MPI_COMM_WORLD, p, 2, batch, 7, opt, 1e-4);
+    const auto mb_single = train_minibatch(MPI_COMM_SELF, p, 2, batch, 7, opt, 1e-4);
+    INFO("batch " << batch);
+    CHECK(std::memcmp(mb_multi.data(), mb_single.data(), mb_multi.size() * sizeof(float)) == 0);
+  }
+  return single;
+}
+
+}  // namespace
+
 TEST_CASE("host engine: deep and wide models, full batch and mini-batches, the same bits at any rank count",
           "[trainer][host]") {
   if (!dpmlp::is_host_space<Space>()) return;  // the host engine runs on host spaces only
-  struct Case {
-    std::vector<int> widths;
-    dpmlp::Activation act;
-    std::int64_t rows, block;
-  };
   // Depth 3-4, widths that are and are not whole vectors, several outputs, short last blocks and chunks
   // (blocks of 100 rows: three chunks of 32 and one of 4), and the default block.
-  const std::vector<Case> cases = {{{32, 64, 64, 64, 1}, dpmlp::Activation::relu, 1001, 100},
-                                   {{7, 40, 17, 33, 3}, dpmlp::Activation::tanh, 523, 48},
-                                   {{32, 256, 256, 1}, dpmlp::Activation::relu, 700, 0},
-                                   {{5, 12, 9, 2}, dpmlp::Activation::identity, 300, 16},
-                                   // 313 blocks: leaf groups of 8 at 1 and 2 ranks, 4 at 3 (the same bits)
-                                   {{8, 16, 1}, dpmlp::Activation::relu, 5000, 16}};
+  const std::vector<DeepCase> cases = {{{32, 64, 64, 64, 1}, dpmlp::Activation::relu, 1001, 100},
+                                       {{7, 40, 17, 33, 3}, dpmlp::Activation::tanh, 523, 48},
+                                       {{32, 256, 256, 1}, dpmlp::Activation::relu, 700, 0},
+                                       {{5, 12, 9, 2}, dpmlp::Activation::identity, 300, 16},
+                                       // 313 blocks: leaf groups of 8 at 1 and 2 ranks, 4 at 3 (the same bits)
+                                       {{8, 16, 1}, dpmlp::Activation::relu, 5000, 16}};
   for (const auto& c : cases) {
-    Problem p;
-    p.rows = c.rows;
-    p.widths = c.widths;
-    p.activation = c.act;
     dpmlp::TrainerOptions opt;
-    opt.block_rows = c.block;
     opt.engine = dpmlp::Engine::host;
-    INFO("widths " << c.widths.size() - 1 << " layers, " << c.widths[1] << " wide, rows " << c.rows << ", block "
-                   << c.block << ", ranks " << size());
-    const Trained multi = train(MPI_COMM_WORLD, p, 6, opt, dpmlp::Sgd(1e-4, 0.9));
-    const Trained single = train_alone(p, 6, opt, dpmlp::Sgd(1e-4, 0.9));
-    CHECK(std::memcmp(multi.params.data(), single.params.data(), multi.params.size() * sizeof(float)) == 0);
-    CHECK(multi.result.last_loss == single.result.last_loss);
-    CHECK(multi.result.last_loss < multi.result.first_loss);
+    const Trained single = check_same_bits_any_rank(c, opt);
     // The layered engine computes the same function with other sums: near, not equal.
     opt.engine = dpmlp::Engine::layered;
-    const Trained layered = train_alone(p, 6, opt, dpmlp::Sgd(1e-4, 0.9));
+    opt.block_rows = c.block;
+    INFO("widths " << c.widths.size() - 1 << " layers, " << c.widths[1] << " wide, rows " << c.rows << ", block "
+                   << c.block);
+    const Trained layered = train_alone(c.problem(), 6, opt, dpmlp::Sgd(1e-4, 0.9));
     CHECK(max_abs_diff(layered.params, single.params) < 1e-5);
     CHECK(max_abs_diff(layered.params, single.params) > 0.0);  // really another engine
-    opt.engine = dpmlp::Engine::host;
-    for (std::int64_t batch : {std::int64_t(96), std::int64_t(250)}) {
-      const auto mb_multi = train_minibatch(MPI_COMM_WORLD, p, 2, batch, 7, opt, 1e-4);
-      const auto mb_single = train_minibatch(MPI_COMM_SELF, p, 2, batch, 7, opt, 1e-4);
-      INFO("batch " << batch);
-      CHECK(std::memcmp(mb_multi.data(), mb_single.data(), mb_multi.size() * sizeof(float)) == 0);
-    }
   }
 }
 
@@ -673,34 +692,10 @@ TEST_CASE("layered engine: deep and wide models, full batch and mini-batches, th
           "[trainer][deep]") {
   // 64- to 256-wide layers (the GEMM tiles follow the width), one to four outputs (on device spaces, the
   // engine's own output-layer kernels), short last blocks.
-  struct Case {
-    std::vector<int> widths;
-    dpmlp::Activation act;
-    std::int64_t rows, block;
-  };
-  const std::vector<Case> cases = {{{32, 64, 64, 64, 1}, dpmlp::Activation::relu, 1001, 100},
-                                   {{32, 256, 256, 1}, dpmlp::Activation::relu, 700, 0},
-                                   {{16, 128, 128, 4}, dpmlp::Activation::tanh, 523, 64}};
-  for (const auto& c : cases) {
-    Problem p;
-    p.rows = c.rows;
-    p.widths = c.widths;
-    p.activation = c.act;
-    dpmlp::TrainerOptions opt;
-    opt.block_rows = c.block;
-    opt.engine = dpmlp::Engine::layered;
-    INFO("widths " << c.widths.size() - 1 << " layers, " << c.widths[1] << " wide, rows " << c.rows << ", block "
-                   << c.block << ", ranks " << size());
-    const Trained multi = train(MPI_COMM_WORLD, p, 6, opt, dpmlp::Sgd(1e-4, 0.9));
-    const Trained single = train_alone(p, 6, opt, dpmlp::Sgd(1e-4, 0.9));
-    CHECK(std::memcmp(multi.params.data(), single.params.data(), multi.params.size() * sizeof(float)) == 0);
-    CHECK(multi.result.last_loss == single.result.last_loss);
-    CHECK(multi.result.last_loss < multi.result.first_loss);
-    for (std::int64_t batch : {std::int64_t(96), std::int64_t(250)}) {
-      const auto mb_multi = train_minibatch(MPI_COMM_WORLD, p, 2, batch, 7, opt, 1e-4);
-      const auto mb_single = train_minibatch(MPI_COMM_SELF, p, 2, batch, 7, opt, 1e-4);
-      INFO("batch " << batch);
-      CHECK(std::memcmp(mb_multi.data(), mb_single.data(), mb_multi.size() * sizeof(float)) == 0);
-    }
-  }
+  const std::vector<DeepCase> cases = {{{32, 64, 64, 64, 1}, dpmlp::Activation::relu, 1001, 100},
+                                       {{32, 256, 256, 1}, dpmlp::Activation::relu, 700, 0},
+                                       {{16, 128, 128, 4}, dpmlp::Activation::tanh, 523, 64}};
+  dpmlp::TrainerOptions opt;
+  opt.engine = dpmlp::Engine::layered;
+  for (const auto& c : cases) check_same_bits_any_rank(c, opt);
 }

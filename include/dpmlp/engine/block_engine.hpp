@@ -351,6 +351,38 @@ class BlockEngine {
     }
   }
 
+  using scratch_vector =
+      Kokkos::View<Scalar*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
+
+  // The device layout of the per-block column sums (block_column_sums, narrow_backward): a team of
+  // kColumnTeam threads a (block, chunk of C columns), C = n rounded up to a power of two, at most 32; thread
+  // id = w * C + lane takes column lane of the chunk and lane w of the lanes = kColumnTeam / C that split the
+  // column's rows.
+  static constexpr int kColumnTeam = 256;
+  struct ColumnTeams {
+    int C = 1, lanes = kColumnTeam, chunks = 0;
+    explicit ColumnTeams(int n) {
+      while (C < n && C < 32) C *= 2;
+      lanes = kColumnTeam / C;
+      chunks = (n + C - 1) / C;
+    }
+  };
+
+  // A column team's lane sums v combined by the fixed pairwise tree (lane w += lane w + half, for half =
+  // lanes / 2, ..., 1) in scratch s of kColumnTeam values; returns s(lane), which on lane w == 0 is the
+  // column's total. Ends on the tree's last barrier.
+  template <class Member>
+  static KOKKOS_INLINE_FUNCTION Scalar lane_tree(const Member& team, const scratch_vector& s, int id, int w, int lanes,
+                                                 int C, Scalar v) {
+    s(id) = v;
+    team.team_barrier();
+    for (int half = lanes / 2; half >= 1; half /= 2) {
+      if (w < half) s(id) += s(id + half * C);
+      team.team_barrier();
+    }
+    return s(id % C);
+  }
+
   // partials(b, off + j) = the sum over block b's rows r of src[r * ld + j], for j < n and every block. Host
   // spaces: one thread a (block, column), in row order. Device spaces: a team of 256 threads a block and C
   // columns (C = n rounded up to a power of two, at most 32), each column's rows split over 256 / C lanes (lane
@@ -373,15 +405,12 @@ class BlockEngine {
             part(b, off + j) = sum;
           });
     } else {
-      constexpr int T = 256;
-      int C = 1;
-      while (C < n && C < 32) C *= 2;
-      const int lanes = T / C, chunks = (n + C - 1) / C;
+      const ColumnTeams teams(n);
+      const int C = teams.C, lanes = teams.lanes, chunks = teams.chunks;
       using policy_t = Kokkos::TeamPolicy<ExecSpace>;
       using member_t = typename policy_t::member_type;
-      using scratch_t = Kokkos::View<Scalar*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-      policy_t policy(space, static_cast<int>(blocks_ * chunks), T);
-      policy.set_scratch_size(0, Kokkos::PerTeam(scratch_t::shmem_size(T)));
+      policy_t policy(space, static_cast<int>(blocks_ * chunks), kColumnTeam);
+      policy.set_scratch_size(0, Kokkos::PerTeam(scratch_vector::shmem_size(kColumnTeam)));
       Kokkos::parallel_for(label, policy, KOKKOS_LAMBDA(const member_t& team) {
         const std::int64_t b = team.league_rank() / chunks;
         const int id = team.team_rank(), lane = id % C, w = id / C;
@@ -401,14 +430,8 @@ class BlockEngine {
           }
           for (; r < end; r += lanes) sum += src[r * ld + j];
         }
-        scratch_t s(team.team_scratch(0), T);
-        s(id) = sum;
-        team.team_barrier();
-        for (int half = lanes / 2; half >= 1; half /= 2) {
-          if (w < half) s(id) += s(id + half * C);
-          team.team_barrier();
-        }
-        if (w == 0 && j < n) part(b, off + j) = s(lane);
+        const Scalar total = lane_tree(team, scratch_vector(team.team_scratch(0), kColumnTeam), id, w, lanes, C, sum);
+        if (w == 0 && j < n) part(b, off + j) = total;
       });
     }
   }
@@ -459,15 +482,15 @@ class BlockEngine {
       const std::int64_t teams = std::max<std::int64_t>(1, space.concurrency() / T);
       TR = static_cast<int>(std::min<std::int64_t>(TR, std::max<std::int64_t>(1, (rows_ + teams - 1) / teams)));
       using member_t = typename policy_t::member_type;
-      using scratch_t = Kokkos::View<Scalar*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
       const std::int64_t rows = rows_;
       policy_t policy(space, static_cast<int>((rows + TR - 1) / TR), T);
-      policy.set_scratch_size(0, Kokkos::PerTeam(scratch_t::shmem_size(TR * P) + scratch_t::shmem_size(n_in * n_out)));
+      policy.set_scratch_size(0, Kokkos::PerTeam(scratch_vector::shmem_size(TR * P) +
+                                                 scratch_vector::shmem_size(n_in * n_out)));
       Kokkos::parallel_for("dpmlp::narrow_forward", policy, KOKKOS_LAMBDA(const member_t& team) {
         const std::int64_t r0 = static_cast<std::int64_t>(team.league_rank()) * TR;
         const int nr = rows - r0 < TR ? static_cast<int>(rows - r0) : TR;
         const int id = team.team_rank(), count = nr * n_in;
-        scratch_t tile(team.team_scratch(0), TR * P), ws(team.team_scratch(0), n_in * n_out);
+        const scratch_vector tile(team.team_scratch(0), TR * P), ws(team.team_scratch(0), n_in * n_out);
         const Scalar* src = in + r0 * n_in;
         for (int e0 = id; e0 < count; e0 += U * T) {
           Scalar v[U];
@@ -516,15 +539,13 @@ class BlockEngine {
                          const Scalar* w, Scalar* dn, int ld_dn, Activation act, std::int64_t off) const {
     const matrix part = partials_;
     const std::int64_t block = plan_.block_rows, rows = rows_;
-    constexpr int T = 256, U = 4;  // threads a team; rows a lane loads before it stores
-    int C = 1;
-    while (C < n_in && C < 32) C *= 2;
-    const int lanes = T / C, chunks = (n_in + C - 1) / C;
+    constexpr int U = 4;  // rows a lane loads before it stores
+    const ColumnTeams teams(n_in);
+    const int C = teams.C, lanes = teams.lanes, chunks = teams.chunks;
     using policy_t = Kokkos::TeamPolicy<ExecSpace>;
     using member_t = typename policy_t::member_type;
-    using scratch_t = Kokkos::View<Scalar*, typename ExecSpace::scratch_memory_space, Kokkos::MemoryTraits<Kokkos::Unmanaged>>;
-    policy_t policy(space, static_cast<int>(blocks_ * chunks), T);
-    policy.set_scratch_size(0, Kokkos::PerTeam(scratch_t::shmem_size(T)));
+    policy_t policy(space, static_cast<int>(blocks_ * chunks), kColumnTeam);
+    policy.set_scratch_size(0, Kokkos::PerTeam(scratch_vector::shmem_size(kColumnTeam)));
     Kokkos::parallel_for("dpmlp::narrow_backward", policy, KOKKOS_LAMBDA(const member_t& team) {
       const std::int64_t b = team.league_rank() / chunks;
       const int id = team.team_rank(), lane = id % C, wl = id / C;
@@ -560,16 +581,11 @@ class BlockEngine {
           row(a[r * n_in + i], dr, r);
         }
       }
-      scratch_t s(team.team_scratch(0), T);
+      const scratch_vector s(team.team_scratch(0), kColumnTeam);
       for (int j = 0; j < NO; ++j) {
-        s(id) = acc[j];
-        team.team_barrier();
-        for (int half = lanes / 2; half >= 1; half /= 2) {
-          if (wl < half) s(id) += s(id + half * C);
-          team.team_barrier();
-        }
-        if (wl == 0 && i < n_in) part(b, off + i * NO + j) = s(lane);
-        team.team_barrier();
+        const Scalar total = lane_tree(team, s, id, wl, lanes, C, acc[j]);
+        if (wl == 0 && i < n_in) part(b, off + i * NO + j) = total;
+        team.team_barrier();  // every thread has read its total before the next output's sums go in
       }
     });
   }
