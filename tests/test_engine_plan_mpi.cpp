@@ -61,10 +61,30 @@ dpmlp::EnginePlan plan_blocks(const dpmlp::ModelShape& m, std::int64_t blocks, s
 }  // namespace
 
 TEST_CASE("the plan resolves the engine from the model and the space", "[plan]") {
-  // A GPU with tensor cores: the tensor engine for one-hidden-layer models, the layered one for deeper ones.
+  // A GPU with tensor cores: the tensor engine for one-hidden-layer models and for two or three hidden layers
+  // of at most 64 units (its deep kernel), the layered one for other deeper ones.
   CHECK(plan(shape({32, 32, 1}), 20000).engine == Engine::tensor);
   CHECK(plan(shape({64, 256, 4}, Activation::tanh), 20000).engine == Engine::tensor);
-  CHECK(plan(shape({32, 64, 64, 1}), 20000).engine == Engine::layered);
+  CHECK(plan(shape({32, 64, 64, 1}), 20000).kernel == Kernel::tensor_deep);
+  CHECK(plan(shape({32, 64, 64, 64, 1}), 20000).kernel == Kernel::tensor_deep);
+  CHECK(plan(shape({64, 20, 30, 40, 4}, Activation::tanh), 20000).kernel == Kernel::tensor_deep);
+  CHECK(plan(shape({32, 64, 64, 64, 64, 1}), 20000).engine == Engine::layered);  // four hidden layers
+  CHECK(plan(shape({32, 65, 64, 1}), 20000).engine == Engine::layered);          // 65 units
+  CHECK(plan(shape({32, 64, 64, 5}), 20000).engine == Engine::layered);          // 5 outputs
+  CHECK(plan(shape({65, 64, 64, 1}), 20000).engine == Engine::layered);          // 65 inputs
+  {
+    dpmlp::EngineOptions cutlass;  // a GEMM asked for: the layered engine, whose GEMMs they are
+    cutlass.gemm = dpmlp::linalg::Backend::cutlass;
+    CHECK(plan(shape({32, 64, 64, 1}), 20000, cutlass).engine == Engine::layered);
+    dpmlp::EngineOptions tensor;
+    tensor.engine = Engine::tensor;
+    CHECK_THROWS_WITH(plan(shape({32, 128, 128, 1}), 20000, tensor), Catch::Contains("at most 64 units"));
+    tensor.tensor_kernel = dpmlp::TensorKernel::register_resident;
+    CHECK_THROWS_WITH(plan(shape({32, 64, 64, 1}), 20000, tensor), Catch::Contains("deep kernel"));
+    dpmlp::EngineCaps small = h200();
+    small.shared_memory_optin = 48 * 1024;
+    CHECK(plan(shape({32, 64, 64, 1}), 20000, {}, 1, small).engine == Engine::layered);
+  }
   CHECK(plan(shape({65, 32, 1}), 20000).engine == Engine::layered);  // the fused engines take 64 inputs at most
   // No tensor cores (or double): the fused SIMT kernel on a device; the host engine on a CPU, at any depth,
   // unless a GEMM backend is asked for (the layered engine's).

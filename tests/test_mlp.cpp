@@ -656,6 +656,7 @@ TEST_CASE("deep models: value_and_grad matches the fp64 reference, every GEMM pa
   for (const auto& pr : problems) {
     for (std::int64_t block : {std::int64_t(0), std::int64_t(96)}) {
       dpmlp::EngineOptions o;
+      o.engine = dpmlp::Engine::layered;
       o.block_rows = block;
       check_against_reference(pr, o, gen);
       o.gemm = dpmlp::linalg::Backend::portable;
@@ -667,6 +668,33 @@ TEST_CASE("deep models: value_and_grad matches the fp64 reference, every GEMM pa
   dpmlp::EngineOptions o;
   o.engine = dpmlp::Engine::layered;
   check_against_reference({{8, 16, 16, 1}, dpmlp::Activation::tanh, 67585}, o, gen);
+}
+
+TEST_CASE("tensor engine, deep kernel: value_and_grad matches the fp64 reference", "[mlp][deep][tensor]") {
+  // Two and three hidden layers; 32 and 64 padded inputs (its four instantiations); hidden layers narrower
+  // than 64 units; one to four outputs; every activation; blocks of the default size, of fewer rows than a tile
+  // (16), of a tile and a short one (96), and of many tiles (1000).
+  const std::vector<Problem> problems = {
+      {{32, 64, 64, 64, 1}, dpmlp::Activation::relu, 1500},  {{12, 20, 20, 16, 2}, dpmlp::Activation::identity, 333},
+      {{32, 64, 64, 2}, dpmlp::Activation::relu, 500},       {{5, 7, 9, 3}, dpmlp::Activation::tanh, 250},
+      {{40, 50, 30, 3}, dpmlp::Activation::tanh, 300},       {{64, 64, 64, 64, 4}, dpmlp::Activation::relu, 700},
+      {{33, 64, 48, 64, 1}, dpmlp::Activation::identity, 1200},
+  };
+  const std::string why = tensor_unsupported(dpmlp::Mlp<float, Memory>({32, 64, 64, 1}));
+  if (!why.empty()) {
+    WARN("the tensor engine does not run here: " << why);
+    return;
+  }
+  std::mt19937 gen(17);
+  for (const auto& pr : problems) {
+    const dpmlp::Mlp<float, Memory> model(pr.widths, pr.act);
+    for (std::int64_t block : {std::int64_t(0), std::int64_t(16), std::int64_t(96), std::int64_t(1000)}) {
+      dpmlp::EngineOptions o;
+      o.block_rows = block;
+      REQUIRE(BlockEngine::plan(model, o, true, pr.rows, 1).kernel == dpmlp::Kernel::tensor_deep);
+      check_against_reference(pr, o, gen);
+    }
+  }
 }
 
 #if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUBLAS)

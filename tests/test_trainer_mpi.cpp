@@ -699,3 +699,34 @@ TEST_CASE("layered engine: deep and wide models, full batch and mini-batches, th
   opt.engine = dpmlp::Engine::layered;
   for (const auto& c : cases) check_same_bits_any_rank(c, opt);
 }
+
+TEST_CASE("tensor engine, deep kernel: full batch and mini-batches, the same bits at any rank count",
+          "[trainer][deep][tensor]") {
+  // Two and three hidden layers, 32 and 64 padded inputs, one to four outputs, short last blocks and tiles
+  // (blocks of 100 rows: a tile of 64 and one of 36), and the default block.
+  const std::vector<DeepCase> cases = {{{32, 64, 64, 64, 1}, dpmlp::Activation::relu, 1001, 100},
+                                       {{7, 40, 17, 33, 3}, dpmlp::Activation::tanh, 523, 48},
+                                       {{40, 64, 64, 4}, dpmlp::Activation::identity, 700, 0}};
+  dpmlp::TrainerOptions opt;
+  opt.engine = dpmlp::Engine::tensor;
+  for (const auto& c : cases) {
+    dpmlp::EngineOptions o;
+    o.engine = dpmlp::Engine::tensor;
+    const dpmlp::Mlp<float, Memory> model(c.widths, c.act);
+    const std::string why =
+        dpmlp::detail::tensor_unsupported(dpmlp::model_shape(model), dpmlp::detail::BlockEngine<Space, float>::caps(model));
+    if (!why.empty()) {
+      WARN("the tensor engine does not run here: " << why);
+      return;
+    }
+    CHECK(dpmlp::detail::BlockEngine<Space, float>::plan(model, o, true, c.rows, 1).kernel == dpmlp::Kernel::tensor_deep);
+    const Trained single = check_same_bits_any_rank(c, opt);
+    // The layered engine computes the same function with other sums: near, not equal.
+    dpmlp::TrainerOptions lopt;
+    lopt.engine = dpmlp::Engine::layered;
+    lopt.block_rows = c.block;
+    const Trained layered = train_alone(c.problem(), 6, lopt, dpmlp::Sgd(1e-4, 0.9));
+    CHECK(max_abs_diff(layered.params, single.params) < 1e-5);
+    CHECK(max_abs_diff(layered.params, single.params) > 0.0);
+  }
+}

@@ -614,6 +614,29 @@ class BlockEngine {
                       const RowWindow& window) const {
 #if defined(KOKKOS_ENABLE_CUDA)
     if constexpr (tensor_space && tensor_loss) {
+      if (plan_.kernel == Kernel::tensor_deep) {
+        backend::DeepProblem p;
+        p.x = x.data();
+        p.y = y.data();
+        p.params = model_.params().data();
+        p.partials = partials_.data();
+        p.ld = width_;
+        p.rows = rows_;
+        p.block = plan_.block_rows;
+        p.blocks = blocks_;
+        p.layers = model_.layers() - 1;
+        for (int l = 0; l <= model_.layers(); ++l) p.widths[l] = model_.widths()[static_cast<std::size_t>(l)];
+        for (int l = 0; l < model_.layers(); ++l) {
+          p.woff[l] = static_cast<std::int64_t>(model_.weight_offset(l));
+          p.boff[l] = static_cast<std::int64_t>(model_.bias_offset(l));
+        }
+        p.scale = scale;
+        p.act = model_.activation();
+        p.window = window;
+        for (int j = 0; j < LossWeights<float>::inline_count; ++j) p.loss_weights[j] = term_.w.first[j];
+        backend::compute_tensor_deep(space, p);
+        return;
+      }
       backend::TensorProblem p;
       p.x = x.data();
       p.y = y.data();

@@ -59,7 +59,15 @@ struct EngineCaps {
 };
 
 // Which kernel computes a step's block sums.
-enum class Kernel { layered, fused, tensor_warp_matrix, tensor_register_resident, tensor_register_resident_paired, host };
+enum class Kernel {
+  layered,
+  fused,
+  tensor_warp_matrix,
+  tensor_register_resident,
+  tensor_register_resident_paired,
+  host,
+  tensor_deep
+};
 
 inline const char* kernel_name(Kernel k) {
   switch (k) {
@@ -69,6 +77,7 @@ inline const char* kernel_name(Kernel k) {
     case Kernel::tensor_register_resident: return "tensor register-resident";
     case Kernel::tensor_register_resident_paired: return "tensor register-resident paired";
     case Kernel::host: return "host";
+    case Kernel::tensor_deep: return "tensor deep";
   }
   return "?";
 }
@@ -115,9 +124,32 @@ inline bool mma_at_every_count(const ModelShape& m, const EngineCaps& caps) {
   return backend::mask_form(m.outputs(), m.activation) && mma_fits(m, caps);
 }
 
+// The reason the tensor engine's deep kernel (backend/cuda/tensor_deep.hpp) cannot run a model of this shape
+// (two or more hidden layers) here, or "".
+inline std::string deep_unsupported(const ModelShape& m, const EngineCaps& caps) {
+  const int layers = static_cast<int>(m.widths.size()) - 2;
+  if (layers < backend::deep_min_layers || layers > backend::deep_max_layers) {
+    return "the tensor engine takes one hidden layer, or two or three of at most 64 units";
+  }
+  if (m.inputs() > 64) return "the tensor engine's deep kernel takes at most 64 inputs";
+  for (int l = 1; l <= layers; ++l) {
+    if (m.widths[static_cast<std::size_t>(l)] > backend::deep_units) {
+      return "the tensor engine's deep kernel takes hidden layers of at most 64 units";
+    }
+  }
+  if (m.outputs() > backend::deep_max_outputs) return "the tensor engine's deep kernel takes at most 4 outputs";
+  const std::size_t bytes = backend::deep_scratch_bytes(backend::tensor_ni(m.inputs()), layers);
+  if (bytes > caps.shared_memory_optin) {
+    return "the tensor engine's deep kernel's shared memory (" + std::to_string(bytes) +
+           " bytes a block) does not fit the device's " + std::to_string(caps.shared_memory_optin);
+  }
+  return {};
+}
+
 // The reason the tensor engine cannot run this model here, or "".
 inline std::string tensor_unsupported(const ModelShape& m, const EngineCaps& caps) {
   if (!caps.tensor_unavailable.empty()) return caps.tensor_unavailable;
+  if (m.widths.size() > 3) return deep_unsupported(m, caps);
   const std::string why = fused_one_hidden_unsupported(m.widths);
   if (!why.empty()) return why;
   if (!mma_fits(m, caps) && !wmma_fits(m, caps)) {
@@ -179,9 +211,17 @@ inline Engine resolve_engine(const ModelShape& m, const EngineCaps& caps, Engine
 //   / 32) an SM, a team a block) on a 128-SM GPU split over two ranks, or from 128 rows a block on, whatever the
 //   block count: the warp-matrix kernel takes a block's rows 64 at a time in one CTA, so its time grows with
 //   the block, several times the register-resident kernel's at 256 rows and more.
-// Else the warp-matrix kernel, where it fits. A forced kernel that does not fit is refused.
+// Else the warp-matrix kernel, where it fits. A forced kernel that does not fit is refused. Two or three hidden
+// layers: the deep kernel, the one tensor kernel for them.
 inline Kernel tensor_family(const ModelShape& m, const EngineCaps& caps, TensorKernel forced,
                             std::int64_t global_blocks, std::int64_t block_rows) {
+  if (m.widths.size() > 3) {
+    if (forced != TensorKernel::automatic) {
+      throw InputError(std::string("dpmlp: tensor_kernel ") + tensor_kernel_name(forced) +
+                       " runs one hidden layer; a deeper model runs the tensor engine's deep kernel");
+    }
+    return Kernel::tensor_deep;
+  }
   const bool mma = mma_fits(m, caps), wmma = wmma_fits(m, caps);
   const int hp = backend::tensor_hp(m.hidden());
   if (forced == TensorKernel::warp_matrix) {
@@ -259,9 +299,11 @@ inline EnginePlan plan_engine(const ModelShape& m, const EngineCaps& caps, const
                      " asks for the tensor engine, but the engine asked for is " + engine_name(o.engine));
   }
   EnginePlan p;
-  // On a host space, a GEMM backend asked for with the automatic engine asks for the layered engine (the host
-  // engine has no GEMM calls).
-  p.engine = detail::resolve_engine(m, caps, o.engine == Engine::automatic && o.gemm && caps.host_space ? Engine::layered : o.engine);
+  // A GEMM backend asked for with the automatic engine asks for the layered engine where the automatic choice
+  // would have no GEMM calls: on a host space (the host engine), and for a model of two or more hidden layers
+  // (the tensor engine's deep kernel).
+  const bool gemm_asks_layered = o.engine == Engine::automatic && o.gemm && (caps.host_space || m.widths.size() > 3);
+  p.engine = detail::resolve_engine(m, caps, gemm_asks_layered ? Engine::layered : o.engine);
   if (p.engine != Engine::tensor && o.tensor_kernel != TensorKernel::automatic) {
     throw InputError(std::string("dpmlp: tensor_kernel ") + tensor_kernel_name(o.tensor_kernel) + ": " +
                      detail::tensor_unsupported(m, caps));

@@ -28,6 +28,8 @@ namespace backend {
 // multiply the kernels compiled), so the engine plan runs other losses on the fused or layered engine
 // (BlockEngine::caps).
 DPMLP_CUDA_ENTRY void compute_tensor(const Kokkos::Cuda& space, const TensorProblem& p, int group = 1);
+// The same for the deep kernel (tensor_deep.hpp): two or three hidden layers of at most 64 units.
+DPMLP_CUDA_ENTRY void compute_tensor_deep(const Kokkos::Cuda& space, const DeepProblem& p);
 
 }  // namespace backend
 }  // namespace dpmlp
@@ -37,6 +39,7 @@ DPMLP_CUDA_ENTRY void compute_tensor(const Kokkos::Cuda& space, const TensorProb
 #include <string>
 #include <type_traits>
 
+#include "dpmlp/backend/cuda/tensor_deep.hpp"
 #include "dpmlp/backend/cuda/tensor_mma.hpp"
 #include "dpmlp/backend/cuda/tensor_pair.hpp"
 #include "dpmlp/backend/cuda/tensor_wmma.hpp"
@@ -73,6 +76,20 @@ DPMLP_CUDA_ENTRY void compute_tensor(const Kokkos::Cuda& space, const TensorProb
     case 128: return launch(std::integral_constant<int, 128>());
     default: return launch(std::integral_constant<int, 256>());
   }
+}
+
+DPMLP_CUDA_ENTRY void compute_tensor_deep(const Kokkos::Cuda& space, const DeepProblem& p) {
+  if (p.rows == 0 || p.blocks == 0) return;
+  if (p.layers < deep_min_layers || p.layers > deep_max_layers || p.widths[0] > 64 ||
+      p.widths[p.layers + 1] > deep_max_outputs) {
+    throw Error("dpmlp: tensor engine: the deep kernel takes 2 or 3 hidden layers, at most 64 inputs and 4 outputs");
+  }
+  LossWeights<float> weights;
+  for (int j = 0; j < LossWeights<float>::inline_count; ++j) weights.first[j] = p.loss_weights[j];
+  const auto loss = Mse().term<float>(weights);
+  const bool narrow = tensor_ni(p.widths[0]) == 32;
+  if (p.layers == 2) return narrow ? launch_tensor_deep<32, 2>(space, p, loss) : launch_tensor_deep<64, 2>(space, p, loss);
+  return narrow ? launch_tensor_deep<32, 3>(space, p, loss) : launch_tensor_deep<64, 3>(space, p, loss);
 }
 
 }  // namespace backend

@@ -90,6 +90,51 @@ inline std::size_t mma_pair_scratch_bytes(int hp, bool grouped) {
              sizeof(float);
 }
 
+// ---- the deep kernel (tensor_deep.hpp): two or three hidden layers of at most 64 units, at most 64 inputs,
+// at most 4 outputs
+
+inline constexpr int deep_units = 64;        // every hidden layer padded to 64 units
+inline constexpr int deep_rows = 64;         // rows a CTA takes at once (a tile)
+inline constexpr int deep_max_outputs = 4;
+inline constexpr int deep_min_layers = 2, deep_max_layers = 3;  // hidden layers
+
+// The deep kernel's shared matrices have rows of C + 4 floats (C columns), and logical row r is stored as row
+// deep_row(r): rows permuted within each group of 8, 0 1 2 3 4 5 6 7 -> 0 2 4 6 1 3 5 7. Rows 0-7 then start
+// at banks 0, 8, 16, 24, 4, 12, 20, 28, so an MMA fragment's 8 rows x 4 columns, its 4 rows x 8 columns (rows
+// t and t + 4: banks 8 t + 0..7 and 8 t + 4 + 0..7) and a row's consecutive columns each hit 32 banks; and row
+// t + 4 sits one row past row t, so a fragment's addresses are a per-thread base plus constants.
+KOKKOS_INLINE_FUNCTION constexpr int deep_row(int r) { return (r & ~7) | (2 * (r & 3) + ((r >> 2) & 1)); }
+
+// Shared memory of the deep kernel, in bytes, for ni padded inputs (32 or 64) and `layers` hidden layers: the
+// tile's x (64 x ni), each hidden layer's outputs (64 x 64: the activations in the forward, then, in place,
+// the deltas), every hidden layer's weights (ni x 64, then 64 x 64 each; each matrix's rows padded by 4
+// floats, deep_row) and biases (64 each), the output layer's weights and biases (64 x 4 + 4), the tile's
+// output deltas (64 x 4) and loss terms (64).
+inline constexpr std::size_t deep_scratch_bytes(int ni, int layers) {
+  const std::size_t R = deep_rows, U = deep_units;
+  return (R * (ni + 4) + layers * R * (U + 4) + (std::size_t(ni) + (layers - 1) * U) * (U + 4) + layers * U +
+          U * deep_max_outputs + deep_max_outputs + R * deep_max_outputs + R) *
+             sizeof(float) +
+         128;
+}
+
+// What the deep kernel needs to run a step (the widths and parameter offsets of every layer, the output layer
+// last).
+struct DeepProblem {
+  const float* x = nullptr;  // rows x widths[0], row-major
+  const float* y = nullptr;  // rows x widths[layers + 1], row-major
+  const float* params = nullptr;
+  float* partials = nullptr;  // blocks x ld; the last column: the sum of the loss terms
+  std::int64_t ld = 0, rows = 0, block = 0, blocks = 0;
+  int layers = 0;  // hidden layers
+  int widths[deep_max_layers + 2] = {};
+  std::int64_t woff[deep_max_layers + 1] = {}, boff[deep_max_layers + 1] = {};
+  float scale = 1;
+  float loss_weights[4] = {1, 1, 1, 1};  // the MSE's output weights (loss.hpp), 1 past the outputs
+  Activation act = Activation::relu;
+  detail::RowWindow window;
+};
+
 // ---- a launch
 
 // Which kernel a launch runs (the plan's choice).
