@@ -51,6 +51,7 @@ ALL_ROWS=(
   "deep256|--widths 32,256,256,256,1 --rows 1048576|--graph|40|150"
   "deep256_adam|--widths 32,256,256,256,1 --rows 1048576 --optimizer adam|--graph|40|150"
   "epoch_deep256|--widths 32,256,256,256,1 --rows 1048576 --mode epoch --batch 4096|--graph|40|150"
+  "epoch_deep64|--widths 32,64,64,64,1 --rows 1048576 --mode epoch --batch 4096|--graph|40|150"
 )
 # The CPU rows (--cpu): name | the options all three programs take | dpmlp's own | dpmlp's limit s | each anchor's
 CPU_ROWS=(
@@ -61,10 +62,10 @@ CPU_ROWS=(
   "cpu_epoch_32|--widths 32,32,1 --rows 1048576 --mode epoch --batch 4096||120|300"
 )
 declare -A SUBSETS=(
-  [all]="seed20k seed1m epoch_32 epoch_256 wide4m deep64 deep64_f64 deep128x4_4out deep256 deep256_adam epoch_deep256"
+  [all]="seed20k seed1m epoch_32 epoch_256 wide4m deep64 deep64_f64 deep128x4_4out deep256 deep256_adam epoch_deep256 epoch_deep64"
   [seed]="seed20k seed1m wide4m"
   [deep]="deep64 deep64_f64 deep128x4_4out deep256 deep256_adam"
-  [epoch]="epoch_32 epoch_256 epoch_deep256"
+  [epoch]="epoch_32 epoch_256 epoch_deep256 epoch_deep64"
   [goals]="seed20k wide4m deep64 deep256 deep256_adam epoch_32 epoch_deep256"
 )
 
