@@ -25,6 +25,7 @@ dpmlp::EngineCaps h200() {
   c.tensor_unavailable = "";
   c.multiprocessors = 132;
   c.shared_memory_optin = 232448;
+  c.shared_memory_sm = 233472;
   c.team_scratch = 49152;
   c.fused_team_size = 256;
   c.gemm_reproducible = dpmlp::linalg::Backend::portable;
@@ -62,13 +63,15 @@ dpmlp::EnginePlan plan_blocks(const dpmlp::ModelShape& m, std::int64_t blocks, s
 
 TEST_CASE("the plan resolves the engine from the model and the space", "[plan]") {
   // A GPU with tensor cores: the tensor engine for one-hidden-layer models and for two or three hidden layers
-  // of at most 64 units (its deep kernel), the layered one for other deeper ones.
+  // of at most 64 units where two of its deep kernel's CTAs fit an SM, the layered one for other deeper ones.
   CHECK(plan(shape({32, 32, 1}), 20000).engine == Engine::tensor);
   CHECK(plan(shape({64, 256, 4}, Activation::tanh), 20000).engine == Engine::tensor);
   CHECK(plan(shape({32, 64, 64, 1}), 20000).kernel == Kernel::tensor_deep);
   CHECK(plan(shape({32, 64, 64, 64, 1}), 20000).kernel == Kernel::tensor_deep);
-  CHECK(plan(shape({64, 20, 30, 40, 4}, Activation::tanh), 20000).kernel == Kernel::tensor_deep);
-  CHECK(plan(shape({32, 64, 64, 64, 64, 1}), 20000).engine == Engine::layered);  // four hidden layers
+  CHECK(plan(shape({64, 20, 30, 4}, Activation::tanh), 20000).kernel == Kernel::tensor_deep);
+  // Where two of its CTAs do not fit an SM (228 KB on an H200): three hidden layers past 32 inputs, four.
+  CHECK(plan(shape({33, 20, 30, 40, 4}), 20000).engine == Engine::layered);
+  CHECK(plan(shape({32, 64, 64, 64, 64, 1}), 20000).engine == Engine::layered);
   CHECK(plan(shape({32, 65, 64, 1}), 20000).engine == Engine::layered);          // 65 units
   CHECK(plan(shape({32, 64, 64, 5}), 20000).engine == Engine::layered);          // 5 outputs
   CHECK(plan(shape({65, 64, 64, 1}), 20000).engine == Engine::layered);          // 65 inputs
@@ -84,6 +87,9 @@ TEST_CASE("the plan resolves the engine from the model and the space", "[plan]")
     dpmlp::EngineCaps small = h200();
     small.shared_memory_optin = 48 * 1024;
     CHECK(plan(shape({32, 64, 64, 1}), 20000, {}, 1, small).engine == Engine::layered);
+    small.shared_memory_optin = small.shared_memory_sm = 164 * 1024;  // an A100's: two hidden layers, not three
+    CHECK(plan(shape({32, 64, 64, 1}), 20000, {}, 1, small).kernel == Kernel::tensor_deep);
+    CHECK(plan(shape({32, 64, 64, 64, 1}), 20000, {}, 1, small).engine == Engine::layered);
   }
   CHECK(plan(shape({65, 32, 1}), 20000).engine == Engine::layered);  // the fused engines take 64 inputs at most
   // No tensor cores (or double): the fused SIMT kernel on a device; the host engine on a CPU, at any depth,

@@ -713,13 +713,13 @@ TEST_CASE("tensor engine, deep kernel: full batch and mini-batches, the same bit
     dpmlp::EngineOptions o;
     o.engine = dpmlp::Engine::tensor;
     const dpmlp::Mlp<float, Memory> model(c.widths, c.act);
-    const std::string why =
-        dpmlp::detail::tensor_unsupported(dpmlp::model_shape(model), dpmlp::detail::BlockEngine<Space, float>::caps(model));
+    using Engine = dpmlp::detail::BlockEngine<Space, float>;
+    const std::string why = dpmlp::detail::tensor_unsupported(dpmlp::model_shape(model), Engine::caps(model));
     if (!why.empty()) {
       WARN("the tensor engine does not run here: " << why);
       return;
     }
-    CHECK(dpmlp::detail::BlockEngine<Space, float>::plan(model, o, true, c.rows, 1).kernel == dpmlp::Kernel::tensor_deep);
+    CHECK(Engine::plan(model, o, true, c.rows, 1).kernel == dpmlp::Kernel::tensor_deep);
     const Trained single = check_same_bits_any_rank(c, opt);
     // The layered engine computes the same function with other sums: near, not equal.
     dpmlp::TrainerOptions lopt;

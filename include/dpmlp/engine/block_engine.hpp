@@ -136,6 +136,7 @@ class BlockEngine {
       const backend::CudaDevice& d = backend::cuda_device();
       c.multiprocessors = d.sms;
       c.shared_memory_optin = static_cast<std::size_t>(d.smem_optin > 0 ? d.smem_optin : 0);
+      c.shared_memory_sm = static_cast<std::size_t>(d.smem_sm > 0 ? d.smem_sm : 0);
       if constexpr (tensor_space) c.tensor_unavailable = backend::tensor_cores_unavailable();
       if (c.tensor_unavailable.empty() && !tensor_loss) c.tensor_unavailable = tensor_loss_unavailable();
     }

@@ -52,6 +52,7 @@ struct EngineCaps {
   std::string tensor_unavailable;  // "" where the tensor engine's kernels can run (CUDA, float, sm_80+), else why
   int multiprocessors = 0;         // the GPU's SMs; on host spaces, the threads a rank runs
   std::size_t shared_memory_optin = 0;  // shared memory a CTA may opt in to, bytes
+  std::size_t shared_memory_sm = 0;     // shared memory an SM has, bytes
   std::size_t team_scratch = 0;         // team scratch a fused team may take, bytes
   int fused_team_size = 0;              // device spaces: the most threads a fused team can have
   linalg::Backend gemm_reproducible = linalg::Backend::portable;  // the layered engine's default GEMMs
@@ -138,10 +139,11 @@ inline std::string deep_unsupported(const ModelShape& m, const EngineCaps& caps)
     }
   }
   if (m.outputs() > backend::deep_max_outputs) return "the tensor engine's deep kernel takes at most 4 outputs";
-  const std::size_t bytes = backend::deep_scratch_bytes(backend::tensor_ni(m.inputs()), layers);
-  if (bytes > caps.shared_memory_optin) {
-    return "the tensor engine's deep kernel's shared memory (" + std::to_string(bytes) +
-           " bytes a block) does not fit the device's " + std::to_string(caps.shared_memory_optin);
+  const int ni = backend::tensor_ni(m.inputs());
+  const std::size_t bytes = backend::deep_scratch_bytes(ni, layers);
+  if (bytes > caps.shared_memory_optin || !backend::deep_two_fit(ni, layers, caps.shared_memory_sm)) {
+    return "the tensor engine's deep kernel needs two blocks of its shared memory (" + std::to_string(bytes) +
+           " bytes each) an SM; the device has " + std::to_string(caps.shared_memory_sm) + " an SM";
   }
   return {};
 }

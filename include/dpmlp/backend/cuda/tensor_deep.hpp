@@ -1,11 +1,11 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // dpmlp/backend/cuda/tensor_deep.hpp: the tensor engine's kernel for deep narrow models: two or three hidden
-// layers of at most 64 units, at most 64 inputs, at most 4 outputs. One CTA takes a reduction block at a time,
-// 64 rows (a tile) at a time, and runs the whole step for the tile on chip: the forward through every layer,
-// the loss, the backward, and every layer's weight and bias gradients, which stay in registers until the
-// block's last tile. Its only memory traffic is the tile's x and y and the block's row of partial sums, where
-// the layered engine writes and reads every layer's activations and deltas (some 5 GB a step at 1M rows and 64
-// units).
+// layers of at most 64 units, at most 64 inputs, at most 4 outputs, where two CTAs fit an SM (deep_two_fit).
+// One CTA takes a reduction block at a time, 64 rows (a tile) at a time, and runs the whole step for the tile
+// on chip: the forward through every layer, the loss, the backward, and every layer's weight and bias
+// gradients, which stay in registers until the block's last tile. Its only memory traffic is the tile's x and
+// y and the block's row of partial sums, where the layered engine writes and reads every layer's activations
+// and deltas (some 5 GB a step at 1M rows and 64 units).
 //
 // Products run as 3xTF32 mma.sync.m16n8k8 (mma_ops.hpp), each operand split as it is read from shared
 // memory. Eight warps; a tile's matrices are 64 x 64, a warp's share 16 x 32 (one m16 tile, four n8 tiles):
@@ -47,8 +47,8 @@ struct TensorDeepKernel : DeepProblem {
   static_assert(NI == 32 || NI == 64, "NI: 32 or 64");
   static_assert(L >= deep_min_layers && L <= deep_max_layers, "L: the deep kernel's hidden layers");
   static_assert(R == 64 && U == 64 && T == 256, "eight warps of 16 x 32 cover a 64 x 64 tile");
-  // Two CTAs an SM where their shared memory fits (registers then capped at 128 a thread), else one.
-  static constexpr int MIN_BLOCKS = 2 * (deep_scratch_bytes(NI, L) + 1024) <= 228 * 1024 ? 2 : 1;
+  // Two CTAs an SM (the plan runs it only where their shared memory fits): registers capped at 128 a thread.
+  static constexpr int MIN_BLOCKS = 2;
 
   LossTerm loss{};
 
@@ -367,7 +367,8 @@ struct TensorDeepKernel : DeepProblem {
 
 #if defined(__CUDACC__)
 template <int NI, int L, class LossTerm>
-__global__ void __launch_bounds__(256, TensorDeepKernel<NI, L, LossTerm>::MIN_BLOCKS) fused_tensor_deep(const TensorDeepKernel<NI, L, LossTerm> k) {
+__global__ void __launch_bounds__(256, TensorDeepKernel<NI, L, LossTerm>::MIN_BLOCKS)
+    fused_tensor_deep(const TensorDeepKernel<NI, L, LossTerm> k) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ char dpmlp_tensor_smem[];
   k.run(dpmlp_tensor_smem);

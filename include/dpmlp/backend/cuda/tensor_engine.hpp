@@ -80,16 +80,19 @@ DPMLP_CUDA_ENTRY void compute_tensor(const Kokkos::Cuda& space, const TensorProb
 
 DPMLP_CUDA_ENTRY void compute_tensor_deep(const Kokkos::Cuda& space, const DeepProblem& p) {
   if (p.rows == 0 || p.blocks == 0) return;
-  if (p.layers < deep_min_layers || p.layers > deep_max_layers || p.widths[0] > 64 ||
-      p.widths[p.layers + 1] > deep_max_outputs) {
-    throw Error("dpmlp: tensor engine: the deep kernel takes 2 or 3 hidden layers, at most 64 inputs and 4 outputs");
+  bool narrow_enough = p.layers >= deep_min_layers && p.layers <= deep_max_layers && p.widths[0] <= 64;
+  for (int l = 1; l <= p.layers && narrow_enough; ++l) narrow_enough = p.widths[l] <= deep_units;
+  if (!narrow_enough || p.widths[p.layers + 1] > deep_max_outputs || (p.widths[0] > 32 && p.layers > 2)) {
+    throw Error("dpmlp: tensor engine: the deep kernel takes two or three hidden layers of at most 64 units (two "
+                "past 32 inputs), at most 64 inputs and 4 outputs");
   }
   LossWeights<float> weights;
   for (int j = 0; j < LossWeights<float>::inline_count; ++j) weights.first[j] = p.loss_weights[j];
   const auto loss = Mse().term<float>(weights);
-  const bool narrow = tensor_ni(p.widths[0]) == 32;
-  if (p.layers == 2) return narrow ? launch_tensor_deep<32, 2>(space, p, loss) : launch_tensor_deep<64, 2>(space, p, loss);
-  return narrow ? launch_tensor_deep<32, 3>(space, p, loss) : launch_tensor_deep<64, 3>(space, p, loss);
+  // The shapes two of whose CTAs fit 228 KB, the most shared memory an SM has (deep_two_fit).
+  if (tensor_ni(p.widths[0]) == 64) return launch_tensor_deep<64, 2>(space, p, loss);
+  if (p.layers == 2) return launch_tensor_deep<32, 2>(space, p, loss);
+  return launch_tensor_deep<32, 3>(space, p, loss);
 }
 
 }  // namespace backend

@@ -91,7 +91,7 @@ inline std::size_t mma_pair_scratch_bytes(int hp, bool grouped) {
 }
 
 // ---- the deep kernel (tensor_deep.hpp): two or three hidden layers of at most 64 units, at most 64 inputs,
-// at most 4 outputs
+// at most 4 outputs, where two of its CTAs fit an SM's shared memory
 
 inline constexpr int deep_units = 64;        // every hidden layer padded to 64 units
 inline constexpr int deep_rows = 64;         // rows a CTA takes at once (a tile)
@@ -116,6 +116,14 @@ inline constexpr std::size_t deep_scratch_bytes(int ni, int layers) {
           U * deep_max_outputs + deep_max_outputs + R * deep_max_outputs + R) *
              sizeof(float) +
          128;
+}
+
+// Whether two CTAs of the deep kernel fit `per_sm` bytes of shared memory (each CTA also takes 1 KB the
+// system reserves). With one CTA an SM (8 warps) the kernel waits on its MMAs' and its barriers' latency and was
+// no faster than the layered engine (four hidden layers on an H200), so the plan runs it only where two fit:
+// on an H200 (228 KB an SM), two or three hidden layers at 32 or fewer inputs, two at 33 to 64.
+inline constexpr bool deep_two_fit(int ni, int layers, std::size_t per_sm) {
+  return 2 * (deep_scratch_bytes(ni, layers) + 1024) <= per_sm;
 }
 
 // What the deep kernel needs to run a step (the widths and parameter offsets of every layer, the output layer
