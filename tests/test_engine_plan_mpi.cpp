@@ -62,16 +62,22 @@ dpmlp::EnginePlan plan_blocks(const dpmlp::ModelShape& m, std::int64_t blocks, s
 }  // namespace
 
 TEST_CASE("the plan resolves the engine from the model and the space", "[plan]") {
-  // A GPU with tensor cores: the tensor engine for one-hidden-layer models and for two or three hidden layers
-  // of at most 64 units where two of its deep kernel's CTAs fit an SM, the layered one for other deeper ones.
+  // A GPU with tensor cores: the tensor engine for one-hidden-layer models and for two to four hidden layers
+  // of at most 64 units where an SM holds 16 warps of its deep kernel, the layered one for other deeper ones.
   CHECK(plan(shape({32, 32, 1}), 20000).engine == Engine::tensor);
   CHECK(plan(shape({64, 256, 4}, Activation::tanh), 20000).engine == Engine::tensor);
   CHECK(plan(shape({32, 64, 64, 1}), 20000).kernel == Kernel::tensor_deep);
   CHECK(plan(shape({32, 64, 64, 64, 1}), 20000).kernel == Kernel::tensor_deep);
   CHECK(plan(shape({64, 20, 30, 4}, Activation::tanh), 20000).kernel == Kernel::tensor_deep);
-  // Where two of its CTAs do not fit an SM (228 KB on an H200): three hidden layers past 32 inputs, four.
-  CHECK(plan(shape({33, 20, 30, 40, 4}), 20000).engine == Engine::layered);
-  CHECK(plan(shape({32, 64, 64, 64, 64, 1}), 20000).engine == Engine::layered);
+  // Two groups of eight warps a CTA where two CTAs of one do not fit an SM (228 KB on an H200): three hidden
+  // layers past 32 inputs, four at 32 or fewer; not four past 32, nor five.
+  CHECK(dpmlp::backend::deep_groups(64, 3) == 2);
+  CHECK(dpmlp::backend::deep_groups(32, 4) == 2);
+  CHECK(dpmlp::backend::deep_groups(32, 3) == 1);
+  CHECK(plan(shape({33, 20, 30, 40, 4}), 20000).kernel == Kernel::tensor_deep);
+  CHECK(plan(shape({32, 64, 64, 64, 64, 1}), 20000).kernel == Kernel::tensor_deep);
+  CHECK(plan(shape({33, 64, 64, 64, 64, 1}), 20000).engine == Engine::layered);
+  CHECK(plan(shape({32, 64, 64, 64, 64, 64, 1}), 20000).engine == Engine::layered);
   CHECK(plan(shape({32, 65, 64, 1}), 20000).engine == Engine::layered);          // 65 units
   CHECK(plan(shape({32, 64, 64, 5}), 20000).engine == Engine::layered);          // 5 outputs
   CHECK(plan(shape({65, 64, 64, 1}), 20000).engine == Engine::layered);          // 65 inputs

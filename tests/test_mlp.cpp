@@ -671,14 +671,17 @@ TEST_CASE("deep models: value_and_grad matches the fp64 reference, every GEMM pa
 }
 
 TEST_CASE("tensor engine, deep kernel: value_and_grad matches the fp64 reference", "[mlp][deep][tensor]") {
-  // Two and three hidden layers at 32 padded inputs, two at 64 (its three instantiations); hidden layers narrower
-  // than 64 units; one to four outputs; every activation; blocks of the default size, of fewer rows than a tile
-  // (16), of a tile and a short one (96), and of many tiles (1000).
+  // Two to four hidden layers at 32 padded inputs, two and three at 64 (its five instantiations); hidden
+  // layers narrower than 64 units; one to four outputs; every activation; blocks of the default size, of fewer
+  // rows than a tile (16), of a tile and a short one (96), and of many tiles (1000).
   const std::vector<Problem> problems = {
       {{32, 64, 64, 64, 1}, dpmlp::Activation::relu, 1500},  {{12, 20, 20, 16, 2}, dpmlp::Activation::identity, 333},
       {{32, 64, 64, 2}, dpmlp::Activation::relu, 500},       {{5, 7, 9, 3}, dpmlp::Activation::tanh, 250},
       {{40, 50, 30, 3}, dpmlp::Activation::tanh, 300},       {{64, 64, 48, 4}, dpmlp::Activation::relu, 700},
       {{33, 64, 48, 1}, dpmlp::Activation::identity, 1200},
+      // Two groups of eight warps a CTA: three hidden layers at 64 padded inputs, four at 32.
+      {{64, 64, 64, 64, 4}, dpmlp::Activation::relu, 700},   {{33, 64, 48, 64, 1}, dpmlp::Activation::identity, 900},
+      {{32, 64, 64, 64, 64, 1}, dpmlp::Activation::relu, 700}, {{20, 30, 40, 50, 60, 3}, dpmlp::Activation::tanh, 300},
   };
   const std::string why = tensor_unsupported(dpmlp::Mlp<float, Memory>({32, 64, 64, 1}));
   if (!why.empty()) {

@@ -702,11 +702,13 @@ TEST_CASE("layered engine: deep and wide models, full batch and mini-batches, th
 
 TEST_CASE("tensor engine, deep kernel: full batch and mini-batches, the same bits at any rank count",
           "[trainer][deep][tensor]") {
-  // Two and three hidden layers, 32 and 64 padded inputs, one to four outputs, short last blocks and tiles
+  // Two to four hidden layers (one and two groups of warps a CTA), 32 and 64 padded inputs, one to four outputs, short last blocks and tiles
   // (blocks of 100 rows: a tile of 64 and one of 36), and the default block.
   const std::vector<DeepCase> cases = {{{32, 64, 64, 64, 1}, dpmlp::Activation::relu, 1001, 100},
                                        {{7, 40, 17, 33, 3}, dpmlp::Activation::tanh, 523, 48},
-                                       {{40, 64, 64, 4}, dpmlp::Activation::identity, 700, 0}};
+                                       {{40, 64, 64, 4}, dpmlp::Activation::identity, 700, 0},
+                                       {{16, 48, 64, 32, 64, 1}, dpmlp::Activation::tanh, 700, 100},
+                                       {{40, 64, 64, 64, 2}, dpmlp::Activation::relu, 601, 0}};
   dpmlp::TrainerOptions opt;
   opt.engine = dpmlp::Engine::tensor;
   for (const auto& c : cases) {

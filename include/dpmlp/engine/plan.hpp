@@ -130,7 +130,7 @@ inline bool mma_at_every_count(const ModelShape& m, const EngineCaps& caps) {
 inline std::string deep_unsupported(const ModelShape& m, const EngineCaps& caps) {
   const int layers = static_cast<int>(m.widths.size()) - 2;
   if (layers < backend::deep_min_layers || layers > backend::deep_max_layers) {
-    return "the tensor engine takes one hidden layer, or two or three of at most 64 units";
+    return "the tensor engine takes one hidden layer, or two to four of at most 64 units";
   }
   if (m.inputs() > 64) return "the tensor engine's deep kernel takes at most 64 inputs";
   for (int l = 1; l <= layers; ++l) {
@@ -140,10 +140,12 @@ inline std::string deep_unsupported(const ModelShape& m, const EngineCaps& caps)
   }
   if (m.outputs() > backend::deep_max_outputs) return "the tensor engine's deep kernel takes at most 4 outputs";
   const int ni = backend::tensor_ni(m.inputs());
-  const std::size_t bytes = backend::deep_scratch_bytes(ni, layers);
-  if (bytes > caps.shared_memory_optin || !backend::deep_two_fit(ni, layers, caps.shared_memory_sm)) {
-    return "the tensor engine's deep kernel needs two blocks of its shared memory (" + std::to_string(bytes) +
-           " bytes each) an SM; the device has " + std::to_string(caps.shared_memory_sm) + " an SM";
+  if (!backend::deep_fits(ni, layers, caps.shared_memory_optin, caps.shared_memory_sm)) {
+    const int groups = backend::deep_groups(ni, layers);
+    return "the tensor engine's deep kernel needs " + std::to_string(groups == 1 ? 2 : 1) + " blocks of " +
+           std::to_string(backend::deep_scratch_bytes(ni, layers, groups)) +
+           " bytes of shared memory an SM; the device has " + std::to_string(caps.shared_memory_sm) +
+           " an SM, " + std::to_string(caps.shared_memory_optin) + " a block";
   }
   return {};
 }
@@ -213,7 +215,7 @@ inline Engine resolve_engine(const ModelShape& m, const EngineCaps& caps, Engine
 //   / 32) an SM, a team a block) on a 128-SM GPU split over two ranks, or from 128 rows a block on, whatever the
 //   block count: the warp-matrix kernel takes a block's rows 64 at a time in one CTA, so its time grows with
 //   the block, several times the register-resident kernel's at 256 rows and more.
-// Else the warp-matrix kernel, where it fits. A forced kernel that does not fit is refused. Two or three hidden
+// Else the warp-matrix kernel, where it fits. A forced kernel that does not fit is refused. Two to four hidden
 // layers: the deep kernel, the one tensor kernel for them.
 inline Kernel tensor_family(const ModelShape& m, const EngineCaps& caps, TensorKernel forced,
                             std::int64_t global_blocks, std::int64_t block_rows) {

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// dpmlp/backend/cuda/tensor_deep.hpp: the tensor engine's kernel for deep narrow models: two or three hidden
-// layers of at most 64 units, at most 64 inputs, at most 4 outputs, where two CTAs fit an SM (deep_two_fit).
-// One CTA takes a reduction block at a time, 64 rows (a tile) at a time, and runs the whole step for the tile
-// on chip: the forward through every layer, the loss, the backward, and every layer's weight and bias
+// dpmlp/backend/cuda/tensor_deep.hpp: the tensor engine's kernel for deep narrow models: two to four hidden
+// layers of at most 64 units, at most 64 inputs, at most 4 outputs, where an SM holds 16 warps of it
+// (deep_fits: two CTAs of eight warps, or one of two groups of eight sharing the weights, deep_groups).
+// A group of eight warps takes a reduction block at a time, 64 rows (a tile) at a time, and runs the step for
+// the tile on chip: the forward through every layer, the loss, the backward, and every layer's weight and bias
 // gradients, which stay in registers until the block's last tile. Its only memory traffic is the tile's x and
 // y and the block's row of partial sums, where the layered engine writes and reads every layer's activations
 // and deltas (some 5 GB a step at 1M rows and 64 units).
@@ -40,19 +41,23 @@
 namespace dpmlp {
 namespace backend {
 
-// NI: inputs padded (32 or 64); L: hidden layers (2 or 3). LossTerm: the loss's device functor (loss.hpp).
-template <int NI, int L, class LossTerm>
+// NI: inputs padded (32 or 64); L: hidden layers; G: groups of eight warps a CTA (deep_groups), each taking
+// its own blocks with its own tiles and barriers, all sharing one copy of the weights. LossTerm: the loss's
+// device functor (loss.hpp).
+template <int NI, int L, int G, class LossTerm>
 struct TensorDeepKernel : DeepProblem {
   static constexpr int T = 256, R = deep_rows, U = deep_units, NO4 = deep_max_outputs;
   static_assert(NI == 32 || NI == 64, "NI: 32 or 64");
   static_assert(L >= deep_min_layers && L <= deep_max_layers, "L: the deep kernel's hidden layers");
   static_assert(R == 64 && U == 64 && T == 256, "eight warps of 16 x 32 cover a 64 x 64 tile");
-  // Two CTAs an SM (the plan runs it only where their shared memory fits): registers capped at 128 a thread.
-  static constexpr int MIN_BLOCKS = 2;
+  static_assert(G == deep_groups(NI, L), "G: deep_groups");
+  // Sixteen warps an SM, as two CTAs of one group or one of two: registers capped at 128 a thread.
+  static constexpr int MIN_BLOCKS = G == 1 ? 2 : 1;
+  static constexpr int GROUP_FLOATS = static_cast<int>(deep_group_floats(NI, L));
 
   LossTerm loss{};
 
-  std::size_t scratch_bytes() const { return deep_scratch_bytes(NI, L); }
+  std::size_t scratch_bytes() const { return deep_scratch_bytes(NI, L, G); }
 
 #if defined(__CUDACC__)
   // Layer k's inputs, padded.
@@ -68,6 +73,7 @@ struct TensorDeepKernel : DeepProblem {
   }
 
   struct Smem {
+    unsigned bar;            // the group's named barrier (G > 1)
     float* x;                // R x NI
     float* h[L];             // R x U each: H_{k+1}, then D_k
     float* w[L];             // in_of(k) x U each
@@ -76,17 +82,21 @@ struct TensorDeepKernel : DeepProblem {
     float* bo;               // NO4
     float* dl;               // R x NO4: the output deltas
     float* rl;               // R: the rows' loss terms
+    // The group's barrier.
+    __device__ void sync() const {
+      if constexpr (G == 1) {
+        __syncthreads();
+      } else {
+        asm volatile("bar.sync %0, %1;" ::"r"(bar), "n"(T) : "memory");
+      }
+    }
   };
 
-  __device__ Smem carve(char* raw) const {
+  // The weights first (shared by the groups), then group `group`'s tiles.
+  __device__ Smem carve(char* raw, int group) const {
     Smem s;
+    s.bar = 1 + group;
     float* p = align_shared_128(raw);
-    s.x = p;
-    p += R * (NI + 4);
-    for (int k = 0; k < L; ++k) {
-      s.h[k] = p;
-      p += R * (U + 4);
-    }
     for (int k = 0; k < L; ++k) {
       s.w[k] = p;
       p += in_of(k) * (U + 4);
@@ -99,6 +109,13 @@ struct TensorDeepKernel : DeepProblem {
     p += U * NO4;
     s.bo = p;
     p += NO4;
+    p += group * GROUP_FLOATS;
+    s.x = p;
+    p += R * (NI + 4);
+    for (int k = 0; k < L; ++k) {
+      s.h[k] = p;
+      p += R * (U + 4);
+    }
     s.dl = p;
     p += R * NO4;
     s.rl = p;
@@ -107,17 +124,18 @@ struct TensorDeepKernel : DeepProblem {
 
   // Every layer's parameters into shared memory, zero-padded.
   __device__ void load_params(const Smem& s, int tid) const {
+    constexpr int CT = T * G;  // the CTA's threads
     for (int k = 0; k < L; ++k) {
       const int n_in = widths[k], n_out = widths[k + 1];
       const float* w = params + woff[k];
-      for (int e = tid; e < in_of(k) * U; e += T) {
+      for (int e = tid; e < in_of(k) * U; e += CT) {
         const int i = e / U, j = e - i * U;
         s.w[k][at<U>(i, j)] = (i < n_in && j < n_out) ? w[i * n_out + j] : 0.0f;
       }
-      for (int j = tid; j < U; j += T) s.b[k][j] = j < n_out ? params[boff[k] + j] : 0.0f;
+      for (int j = tid; j < U; j += CT) s.b[k][j] = j < n_out ? params[boff[k] + j] : 0.0f;
     }
     const int n_last = widths[L], NO = widths[L + 1];
-    for (int e = tid; e < U * NO4; e += T) {
+    for (int e = tid; e < U * NO4; e += CT) {
       const int i = e / NO4, o = e - i * NO4;
       s.wo[e] = (i < n_last && o < NO) ? params[woff[L] + i * NO + o] : 0.0f;
     }
@@ -189,7 +207,7 @@ struct TensorDeepKernel : DeepProblem {
       *reinterpret_cast<float2*>(out + at<U>(fr0 + g + 8, c)) =
           make_float2(detail::activate(act, acc[0][n][2]), detail::activate(act, acc[0][n][3]));
     }
-    __syncthreads();
+    s.sync();
   }
   template <int... K>
   __device__ void forward_all(const Smem& s, const float* xs, int fr0, int fc0, int g, int t,
@@ -203,7 +221,7 @@ struct TensorDeepKernel : DeepProblem {
   template <int k>
   __device__ void backward_layer(const Smem& s, const float* xs, float (&gwk)[1][4][4], float& gbk, int tid,
                                  int warp, int fr0, int fc0, int g, int t) const {
-    __syncthreads();  // D_k is complete
+    s.sync();  // D_k is complete
     const float* dk = s.h[k];
     constexpr int ti = in_of(k) / 16;
     if (warp < ti * 2) {
@@ -227,7 +245,7 @@ struct TensorDeepKernel : DeepProblem {
 #pragma unroll
         for (int q = 0; q < 4; ++q) acc[0][n][q] = 0.0f;
       mma_tile<U, U, U, false, true>(acc, dk, s.w[k], fr0, fc0, g, t);
-      __syncthreads();  // every reader of H_k (the wgrad above) is done
+      s.sync();  // every reader of H_k (the wgrad above) is done
       float* hm = s.h[k - 1];
 #pragma unroll
       for (int n = 0; n < 4; ++n) {
@@ -254,13 +272,16 @@ struct TensorDeepKernel : DeepProblem {
   }
 
   __device__ void run(char* raw) const {
-    const Smem s = carve(raw);
-    const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int group = G == 1 ? 0 : static_cast<int>(threadIdx.x) / T;
+    const Smem s = carve(raw, group);
+    load_params(s, static_cast<int>(threadIdx.x));
+    __syncthreads();
+    const int tid = static_cast<int>(threadIdx.x) - group * T, warp = tid >> 5, lane = tid & 31, g = lane >> 2,
+              t = lane & 3;
     const int NO = widths[L + 1], n_last = widths[L];
-    load_params(s, tid);
     // The forward's and the delta's share of a tile: rows fr0.., units fc0...
     const int fr0 = 16 * (warp & 3), fc0 = 32 * (warp >> 2);
-    for (std::int64_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
+    for (std::int64_t blk = std::int64_t(blockIdx.x) * G + group; blk < blocks; blk += std::int64_t(gridDim.x) * G) {
       const std::int64_t first = blk * block, end = block_end(blk);
       float gw[L][1][4][4];
 #pragma unroll
@@ -275,9 +296,9 @@ struct TensorDeepKernel : DeepProblem {
       float gwo = 0.0f, gbo = 0.0f, sse = 0.0f;  // thread (i = tid % 64, o = tid / 64): gW_L[i][o]; gb_L[o]; tid 255
       for (std::int64_t row0 = first; row0 < end; row0 += R) {
         const int valid = end - row0 < R ? static_cast<int>(end - row0) : R;
-        __syncthreads();  // the last tile's readers of x, dl and rl are done
+        s.sync();  // the last tile's readers of x, dl and rl are done
         load_x(s, row0, end, tid);
-        __syncthreads();
+        s.sync();
         const float* xs = s.x;
         // Forward through the hidden layers.
         forward_all(s, xs, fr0, fc0, g, t, std::make_integer_sequence<int, L>());
@@ -300,7 +321,7 @@ struct TensorDeepKernel : DeepProblem {
           }
           s.rl[r] = term;
         }
-        __syncthreads();
+        s.sync();
         // The output layer's gradients: thread (i, o) sums its weight's over the tile's rows in order.
         {
           const int i = tid & (U - 1), o = tid >> 6;
@@ -314,7 +335,7 @@ struct TensorDeepKernel : DeepProblem {
             for (int r = 0; r < R; ++r) sse += s.rl[r];
           }
         }
-        __syncthreads();
+        s.sync();
         // D_{L-1} = (D_L W_L^T) .* act'(H_L), over H_L: thread (r = tid / 4) takes units tid % 4 + 4 q.
         {
           const int r = tid >> 2;
@@ -366,9 +387,9 @@ struct TensorDeepKernel : DeepProblem {
 };
 
 #if defined(__CUDACC__)
-template <int NI, int L, class LossTerm>
-__global__ void __launch_bounds__(256, TensorDeepKernel<NI, L, LossTerm>::MIN_BLOCKS)
-    fused_tensor_deep(const TensorDeepKernel<NI, L, LossTerm> k) {
+template <int NI, int L, int G, class LossTerm>
+__global__ void __launch_bounds__(256 * G, TensorDeepKernel<NI, L, G, LossTerm>::MIN_BLOCKS)
+    fused_tensor_deep(const TensorDeepKernel<NI, L, G, LossTerm> k) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ char dpmlp_tensor_smem[];
   k.run(dpmlp_tensor_smem);
@@ -381,15 +402,17 @@ __global__ void __launch_bounds__(256, TensorDeepKernel<NI, L, LossTerm>::MIN_BL
 
 template <int NI, int L, class LossTerm>
 inline void launch_tensor_deep(const Kokkos::Cuda& space, const DeepProblem& p, const LossTerm& loss) {
-  using kernel_t = TensorDeepKernel<NI, L, LossTerm>;
+  constexpr int G = deep_groups(NI, L);
+  using kernel_t = TensorDeepKernel<NI, L, G, LossTerm>;
   kernel_t k{p, {}};
   k.loss = loss;
 #if defined(__CUDACC__)
-  static const int resident =
-      register_resident_setup(fused_tensor_deep<NI, L, LossTerm>, kernel_t::T, k.scratch_bytes(), k.scratch_bytes());
+  static const int resident = register_resident_setup(fused_tensor_deep<NI, L, G, LossTerm>, kernel_t::T * G,
+                                                      k.scratch_bytes(), k.scratch_bytes());
   const std::int64_t slots = std::int64_t(cuda_device().sms > 0 ? cuda_device().sms : 1) * resident;
-  const unsigned grid = static_cast<unsigned>(p.blocks < slots ? p.blocks : slots);
-  fused_tensor_deep<NI, L, LossTerm><<<grid, kernel_t::T, k.scratch_bytes(), space.cuda_stream()>>>(k);
+  const std::int64_t ctas = (p.blocks + G - 1) / G;
+  const unsigned grid = static_cast<unsigned>(ctas < slots ? ctas : slots);
+  fused_tensor_deep<NI, L, G, LossTerm><<<grid, kernel_t::T * G, k.scratch_bytes(), space.cuda_stream()>>>(k);
   check_tensor_launch();
 #else
   (void)space, (void)k;

@@ -28,7 +28,7 @@ namespace backend {
 // multiply the kernels compiled), so the engine plan runs other losses on the fused or layered engine
 // (BlockEngine::caps).
 DPMLP_CUDA_ENTRY void compute_tensor(const Kokkos::Cuda& space, const TensorProblem& p, int group = 1);
-// The same for the deep kernel (tensor_deep.hpp): two or three hidden layers of at most 64 units.
+// The same for the deep kernel (tensor_deep.hpp): two to four hidden layers of at most 64 units.
 DPMLP_CUDA_ENTRY void compute_tensor_deep(const Kokkos::Cuda& space, const DeepProblem& p);
 
 }  // namespace backend
@@ -82,17 +82,21 @@ DPMLP_CUDA_ENTRY void compute_tensor_deep(const Kokkos::Cuda& space, const DeepP
   if (p.rows == 0 || p.blocks == 0) return;
   bool narrow_enough = p.layers >= deep_min_layers && p.layers <= deep_max_layers && p.widths[0] <= 64;
   for (int l = 1; l <= p.layers && narrow_enough; ++l) narrow_enough = p.widths[l] <= deep_units;
-  if (!narrow_enough || p.widths[p.layers + 1] > deep_max_outputs || (p.widths[0] > 32 && p.layers > 2)) {
-    throw Error("dpmlp: tensor engine: the deep kernel takes two or three hidden layers of at most 64 units (two "
-                "past 32 inputs), at most 64 inputs and 4 outputs");
+  if (!narrow_enough || p.widths[p.layers + 1] > deep_max_outputs || (p.widths[0] > 32 && p.layers > 3)) {
+    throw Error("dpmlp: tensor engine: the deep kernel takes two to four hidden layers of at most 64 units (two "
+                "or three past 32 inputs), at most 64 inputs and 4 outputs");
   }
   LossWeights<float> weights;
   for (int j = 0; j < LossWeights<float>::inline_count; ++j) weights.first[j] = p.loss_weights[j];
   const auto loss = Mse().term<float>(weights);
-  // The shapes two of whose CTAs fit 228 KB, the most shared memory an SM has (deep_two_fit).
-  if (tensor_ni(p.widths[0]) == 64) return launch_tensor_deep<64, 2>(space, p, loss);
+  // The shapes of which an SM of 228 KB (the most any GPU has) holds 16 warps (deep_fits).
+  if (tensor_ni(p.widths[0]) == 64) {
+    if (p.layers == 2) return launch_tensor_deep<64, 2>(space, p, loss);
+    return launch_tensor_deep<64, 3>(space, p, loss);
+  }
   if (p.layers == 2) return launch_tensor_deep<32, 2>(space, p, loss);
-  return launch_tensor_deep<32, 3>(space, p, loss);
+  if (p.layers == 3) return launch_tensor_deep<32, 3>(space, p, loss);
+  return launch_tensor_deep<32, 4>(space, p, loss);
 }
 
 }  // namespace backend

@@ -90,13 +90,13 @@ inline std::size_t mma_pair_scratch_bytes(int hp, bool grouped) {
              sizeof(float);
 }
 
-// ---- the deep kernel (tensor_deep.hpp): two or three hidden layers of at most 64 units, at most 64 inputs,
-// at most 4 outputs, where two of its CTAs fit an SM's shared memory
+// ---- the deep kernel (tensor_deep.hpp): two to four hidden layers of at most 64 units, at most 64 inputs,
+// at most 4 outputs, where an SM holds 16 warps of it (deep_fits)
 
 inline constexpr int deep_units = 64;        // every hidden layer padded to 64 units
 inline constexpr int deep_rows = 64;         // rows a CTA takes at once (a tile)
 inline constexpr int deep_max_outputs = 4;
-inline constexpr int deep_min_layers = 2, deep_max_layers = 3;  // hidden layers
+inline constexpr int deep_min_layers = 2, deep_max_layers = 4;  // hidden layers
 
 // The deep kernel's shared matrices have rows of C + 4 floats (C columns), and logical row r is stored as row
 // deep_row(r): rows permuted within each group of 8, 0 1 2 3 4 5 6 7 -> 0 2 4 6 1 3 5 7. Rows 0-7 then start
@@ -105,25 +105,43 @@ inline constexpr int deep_min_layers = 2, deep_max_layers = 3;  // hidden layers
 // t + 4 sits one row past row t, so a fragment's addresses are a per-thread base plus constants.
 KOKKOS_INLINE_FUNCTION constexpr int deep_row(int r) { return (r & ~7) | (2 * (r & 3) + ((r >> 2) & 1)); }
 
-// Shared memory of the deep kernel, in bytes, for ni padded inputs (32 or 64) and `layers` hidden layers: the
-// tile's x (64 x ni), each hidden layer's outputs (64 x 64: the activations in the forward, then, in place,
-// the deltas), every hidden layer's weights (ni x 64, then 64 x 64 each; each matrix's rows padded by 4
-// floats, deep_row) and biases (64 each), the output layer's weights and biases (64 x 4 + 4), the tile's
-// output deltas (64 x 4) and loss terms (64).
-inline constexpr std::size_t deep_scratch_bytes(int ni, int layers) {
+// Shared memory of the deep kernel, in floats, that each group of eight warps takes for its own tiles, for ni
+// padded inputs (32 or 64) and `layers` hidden layers: the tile's x (64 x ni), each hidden layer's outputs
+// (64 x 64: the activations in the forward, then, in place, the deltas), the tile's output deltas (64 x 4) and
+// loss terms (64). Each matrix's rows are padded by 4 floats (deep_row).
+inline constexpr std::size_t deep_group_floats(int ni, int layers) {
   const std::size_t R = deep_rows, U = deep_units;
-  return (R * (ni + 4) + layers * R * (U + 4) + (std::size_t(ni) + (layers - 1) * U) * (U + 4) + layers * U +
-          U * deep_max_outputs + deep_max_outputs + R * deep_max_outputs + R) *
+  return R * (ni + 4) + layers * R * (U + 4) + R * deep_max_outputs + R;
+}
+
+// Shared memory of the deep kernel, in bytes, with `groups` groups a CTA: the weights the groups share (every
+// hidden layer's, ni x 64 then 64 x 64 each, rows padded by 4; their biases, 64 each; the output layer's
+// weights and biases, 64 x 4 + 4), then each group's tiles.
+inline constexpr std::size_t deep_scratch_bytes(int ni, int layers, int groups = 1) {
+  const std::size_t U = deep_units;
+  return ((std::size_t(ni) + (layers - 1) * U) * (U + 4) + layers * U + U * deep_max_outputs + deep_max_outputs +
+          groups * deep_group_floats(ni, layers)) *
              sizeof(float) +
          128;
 }
 
-// Whether two CTAs of the deep kernel fit `per_sm` bytes of shared memory (each CTA also takes 1 KB the
-// system reserves). With one CTA an SM (8 warps) the kernel waits on its MMAs' and its barriers' latency and was
-// no faster than the layered engine (four hidden layers on an H200), so the plan runs it only where two fit:
-// on an H200 (228 KB an SM), two or three hidden layers at 32 or fewer inputs, two at 33 to 64.
+// Whether two CTAs of the deep kernel (one group each) fit `per_sm` bytes of shared memory (each CTA also
+// takes 1 KB the system reserves).
 inline constexpr bool deep_two_fit(int ni, int layers, std::size_t per_sm) {
   return 2 * (deep_scratch_bytes(ni, layers) + 1024) <= per_sm;
+}
+
+// The groups of eight warps a CTA of the deep kernel has: one where two such CTAs fit an SM of 228 KB (the
+// most any GPU has), else two sharing one copy of the weights. Either way an SM runs 16 warps: with 8 (one
+// CTA of one group) the kernel waits on its MMAs' and its barriers' latency, and was no faster than the
+// layered engine (four hidden layers on an H200). The planner runs it where the device holds 16 warps of it.
+inline constexpr int deep_groups(int ni, int layers) { return deep_two_fit(ni, layers, 228 * 1024) ? 1 : 2; }
+
+// Whether an SM of `per_sm` bytes (a CTA opting in to at most `optin`) runs 16 warps of the deep kernel.
+inline constexpr bool deep_fits(int ni, int layers, std::size_t optin, std::size_t per_sm) {
+  return deep_groups(ni, layers) == 1 ? deep_two_fit(ni, layers, per_sm) && deep_scratch_bytes(ni, layers) <= optin
+                                      : deep_scratch_bytes(ni, layers, 2) <= optin &&
+                                            deep_scratch_bytes(ni, layers, 2) + 1024 <= per_sm;
 }
 
 // What the deep kernel needs to run a step (the widths and parameter offsets of every layer, the output layer
