@@ -615,8 +615,8 @@ class BlockEngine {
                       const RowWindow& window) const {
 #if defined(KOKKOS_ENABLE_CUDA)
     if constexpr (tensor_space && tensor_loss) {
-      if (plan_.kernel == Kernel::tensor_deep) {
-        backend::DeepProblem p;
+      // What both problems (backend/cuda/tensor_shapes.hpp) take alike: the data, the sums, the step.
+      const auto step = [&](auto& p) {
         p.x = x.data();
         p.y = y.data();
         p.params = model_.params().data();
@@ -625,28 +625,25 @@ class BlockEngine {
         p.rows = rows_;
         p.block = plan_.block_rows;
         p.blocks = blocks_;
+        p.scale = scale;
+        p.act = model_.activation();
+        p.window = window;
+        for (int j = 0; j < LossWeights<float>::inline_count; ++j) p.loss_weights[j] = term_.w.first[j];
+      };
+      if (plan_.kernel == Kernel::tensor_deep) {
+        backend::DeepProblem p;
+        step(p);
         p.layers = model_.layers() - 1;
         for (int l = 0; l <= model_.layers(); ++l) p.widths[l] = model_.widths()[static_cast<std::size_t>(l)];
         for (int l = 0; l < model_.layers(); ++l) {
           p.woff[l] = static_cast<std::int64_t>(model_.weight_offset(l));
           p.boff[l] = static_cast<std::int64_t>(model_.bias_offset(l));
         }
-        p.scale = scale;
-        p.act = model_.activation();
-        p.window = window;
-        for (int j = 0; j < LossWeights<float>::inline_count; ++j) p.loss_weights[j] = term_.w.first[j];
         backend::compute_tensor_deep(space, p);
         return;
       }
       backend::TensorProblem p;
-      p.x = x.data();
-      p.y = y.data();
-      p.params = model_.params().data();
-      p.partials = partials_.data();
-      p.ld = width_;
-      p.rows = rows_;
-      p.block = plan_.block_rows;
-      p.blocks = blocks_;
+      step(p);
       p.n_in = model_.inputs();
       p.H = model_.widths()[1];
       p.NO = model_.outputs();
@@ -654,13 +651,9 @@ class BlockEngine {
       p.b0off = static_cast<std::int64_t>(model_.bias_offset(0));
       p.w1off = static_cast<std::int64_t>(model_.weight_offset(1));
       p.b1off = static_cast<std::int64_t>(model_.bias_offset(1));
-      p.scale = scale;
-      p.act = model_.activation();
-      p.window = window;
       p.kernel = plan_.kernel == Kernel::tensor_warp_matrix         ? backend::TensorLaunch::warp_matrix
                  : plan_.kernel == Kernel::tensor_register_resident ? backend::TensorLaunch::register_resident
                                                                     : backend::TensorLaunch::register_resident_paired;
-      for (int j = 0; j < LossWeights<float>::inline_count; ++j) p.loss_weights[j] = term_.w.first[j];
       backend::compute_tensor(space, p, plan_.leaf_group);
       return;
     }
