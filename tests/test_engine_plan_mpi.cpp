@@ -145,6 +145,17 @@ TEST_CASE("the plan's default block size depends on the model and the global row
   CHECK(plan(shape({32, 32, 1}), 1048576, {}, 1, cpu()).block_rows == 256);
   // At most 2^24 partial sums: 32 x 256 x 1 (8706 sums a block) at 1M rows takes 1024 blocks.
   CHECK(plan(shape({32, 256, 1}), 1048576).block_rows == 1024);
+  // The layered engine on a GPU: blocks of 256 rows where at least 16 remain, else 16 blocks (64 rows at
+  // least); on a CPU the common rule.
+  CHECK(plan(shape({32, 256, 256, 256, 1}), 4096).block_rows == 256);
+  CHECK(plan(shape({32, 256, 256, 256, 1}), 4096).engine == Engine::layered);
+  CHECK(plan(shape({32, 256, 256, 256, 1}), 8192).block_rows == 256);     // the common rule: 128
+  CHECK(plan(shape({32, 256, 256, 256, 1}), 100000).block_rows == 1024);  // the common rule's, past 256
+  CHECK(plan(shape({32, 256, 256, 256, 1}), 2048).block_rows == 128);
+  CHECK(plan(shape({32, 256, 256, 256, 1}), 2047).block_rows == 64);
+  CHECK(plan(shape({32, 256, 256, 256, 1}), 1000).block_rows == 64);
+  CHECK(plan(shape({32, 256, 256, 256, 1}), 1048576).block_rows == 16384);
+  CHECK(plan(shape({32, 256, 256, 256, 1}), 4096, {}, 1, cpu()).block_rows == 64);
   // Whatever the rank count.
   for (int ranks : {1, 2, 3, 8}) {
     CHECK(plan(shape({32, 32, 1}), 1048576, {}, ranks).block_rows == 512);

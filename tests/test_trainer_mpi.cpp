@@ -691,13 +691,20 @@ TEST_CASE("host engine: deep and wide models, full batch and mini-batches, the s
 TEST_CASE("layered engine: deep and wide models, full batch and mini-batches, the same bits at any rank count",
           "[trainer][deep]") {
   // 64- to 256-wide layers (the GEMM tiles follow the width), one to four outputs (on device spaces, the
-  // engine's own output-layer kernels), short last blocks.
+  // engine's own output-layer kernels), short last blocks; a narrow hidden layer (its backward, on the main
+  // stream, rewrites the deltas whose gradients run beside it on a GPU). On CUDA, eager and as graphs.
   const std::vector<DeepCase> cases = {{{32, 64, 64, 64, 1}, dpmlp::Activation::relu, 1001, 100},
                                        {{32, 256, 256, 1}, dpmlp::Activation::relu, 700, 0},
-                                       {{16, 128, 128, 4}, dpmlp::Activation::tanh, 523, 64}};
-  dpmlp::TrainerOptions opt;
-  opt.engine = dpmlp::Engine::layered;
-  for (const auto& c : cases) check_same_bits_any_rank(c, opt);
+                                       {{16, 128, 128, 4}, dpmlp::Activation::tanh, 523, 64},
+                                       {{16, 64, 3, 64, 2}, dpmlp::Activation::tanh, 523, 64}};
+  for (const bool graph : {false, true}) {
+    if (graph && !dpmlp::backend::StepGraph<Space>::supported) continue;
+    dpmlp::TrainerOptions opt;
+    opt.engine = dpmlp::Engine::layered;
+    opt.cuda_graph = graph;
+    INFO("CUDA graph " << graph);
+    for (const auto& c : cases) check_same_bits_any_rank(c, opt);
+  }
 }
 
 TEST_CASE("tensor engine, deep kernel: full batch and mini-batches, the same bits at any rank count",

@@ -17,6 +17,8 @@
 #include "dpmlp/activation.hpp"
 #include "dpmlp/backend/cuda/device.hpp"
 #include "dpmlp/backend/cuda/tensor_engine.hpp"
+#include "dpmlp/backend/side_stream.hpp"
+#include "dpmlp/detail/async_copy.hpp"
 #include "dpmlp/engine/fused_simt.hpp"
 #include "dpmlp/engine/host_engine.hpp"
 #include "dpmlp/engine/options.hpp"
@@ -122,6 +124,11 @@ class BlockEngine {
     delta_[1] = matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::delta1"), rows, widest);
     row_scratch_ = Kokkos::View<Scalar*, memory_space>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::rows"),
                                                        rows);
+    // The gradients beside the delta chain (compute()), where the GEMMs can run on two streams at once:
+    // not the cuBLAS backend, whose handle's workspace is shared by every stream.
+    if (!is_host_space<ExecSpace>() && plan_.gemm != linalg::Backend::cublas) {
+      side_ = backend::SideStream<ExecSpace>::create();
+    }
   }
 
   // What this space (and its device) offers the planner for `model`. fused_team: also the most threads a fused
@@ -242,15 +249,21 @@ class BlockEngine {
   // block.
   bool rows_at_once() const { return plan_.gemm != linalg::Backend::eigen && rows_ <= INT_MAX; }
 
-  // Forward pass over x (rows x inputs) into the activations; the last is the prediction.
-  void forward(const ExecSpace& space, const const_matrix& x) const {
+  // Forward pass over x (rows x inputs) into the activations; the last is the prediction. Where the output
+  // layer runs on narrow_forward, that kernel also calls then(r) for every row once the row's predictions are
+  // written, and forward returns true; else it returns false and then is not called.
+  template <class Then>
+  bool forward(const ExecSpace& space, const const_matrix& x, const Then& then) const {
     const_matrix in = x;
+    bool then_done = false;
     for (int l = 0; l < model_.layers(); ++l) {
       const int n_in = model_.widths()[l], n_out = model_.widths()[l + 1];
       const matrix out = acts_[l];
-      const Activation act = l + 1 == model_.layers() ? Activation::identity : model_.activation();
+      const bool last = l + 1 == model_.layers();
+      const Activation act = last ? Activation::identity : model_.activation();
       if (narrow_delta(n_out) && narrow_forward(space, n_in, n_out, in.data(), model_.weight(l).data(),
-                                                model_.bias(l).data(), out.data(), act)) {
+                                                model_.bias(l).data(), out.data(), act, then, last)) {
+        then_done = last;
         in = out;
         continue;
       }
@@ -265,6 +278,7 @@ class BlockEngine {
       }
       in = out;
     }
+    return then_done;
   }
 
   // Forward and backward: fills partials() with, per block (per group of group() blocks), the gradient of
@@ -293,7 +307,6 @@ class BlockEngine {
       }
       return;
     }
-    forward(space, x);
     const int L = model_.layers();
     const int n_out = model_.outputs();
     const std::int64_t W = width_;
@@ -301,22 +314,30 @@ class BlockEngine {
     const auto pred = acts_.back();
     const matrix delta = delta_[(L - 1) % 2];
     // Residuals and the output delta (the gradient of scale * the loss's term; Mse: scale * 2 r), one thread a
-    // row; then, per block, the sum of the terms (block_column_sums). Two kernels, so the summing loop only
-    // reads and its loads can be in flight together (a store in the loop would serialize them on a GPU).
+    // row: in the output layer's own kernel where it has one (forward's `then`), else a kernel of their own;
+    // then, per block, the sum of the terms (block_column_sums). The sum is a kernel of its own, so its loop
+    // only reads and its loads can be in flight together (a store in the loop would serialize them on a GPU).
     const auto sq = row_scratch_;
     const loss_term loss = term_;
-    Kokkos::parallel_for(
-        "dpmlp::residual", Kokkos::RangePolicy<ExecSpace>(space, 0, rows), KOKKOS_LAMBDA(const std::int64_t r) {
-          Scalar sum = Scalar(0);
-          const bool in = window.contains(r);
-          for (int j = 0; j < n_out; ++j) {
-            const Scalar res = in ? pred(r, j) - y(r, j) : Scalar(0);
-            sum += loss.value(res, j);
-            delta(r, j) = loss.grad(res, j, scale);
-          }
-          sq(r) = sum;
-        });
-    block_column_sums(space, "dpmlp::loss_blocks", sq.data(), 1, 1, W - 1);
+    const auto residual = KOKKOS_LAMBDA(const std::int64_t r) {
+      Scalar sum = Scalar(0);
+      const bool in = window.contains(r);
+      for (int j = 0; j < n_out; ++j) {
+        const Scalar res = in ? pred(r, j) - y(r, j) : Scalar(0);
+        sum += loss.value(res, j);
+        delta(r, j) = loss.grad(res, j, scale);
+      }
+      sq(r) = sum;
+    };
+    if (!forward(space, x, residual)) {
+      Kokkos::parallel_for("dpmlp::residual", Kokkos::RangePolicy<ExecSpace>(space, 0, rows), residual);
+    }
+    // A layer's gradients (which read its deltas) and the loss's block sums run on the side queue, beside the
+    // delta chain on `space` (backend/side_stream.hpp). The deltas alternate between two buffers, so the delta
+    // written at layer l reuses the buffer of layer l + 1's: before it, `space` waits for layer l + 1's
+    // gradients (wait_mark).
+    const backend::SideStream<ExecSpace>& side = side_;
+    const ExecSpace& grads = side.space(space);
     for (int l = L - 1; l >= 0; --l) {
       const int n_in = model_.widths()[l], n_o = model_.widths()[l + 1];
       const matrix d = delta_[l % 2];
@@ -325,6 +346,9 @@ class BlockEngine {
       const matrix dn = l > 0 ? delta_[(l - 1) % 2] : matrix();
       const int ld_dn = l > 0 ? static_cast<int>(dn.extent(1)) : 0;
       const Activation act = model_.activation();
+      side.fork(space);
+      side.wait_mark(space);
+      if (l == L - 1) block_column_sums(grads, "dpmlp::loss_blocks", sq.data(), 1, 1, W - 1);
       // Few outputs (the output layer) below another layer: its weight gradient and the delta below in one
       // pass over A_{l-1} (narrow_backward).
       const bool narrow = l > 0 && narrow_delta(n_o);
@@ -333,11 +357,12 @@ class BlockEngine {
                         static_cast<std::int64_t>(model_.weight_offset(l)));
       } else {
         // dW_l[block] = A_{l-1}[block]^T * delta_l[block]  (n_in x n_o, summed over the block's rows)
-        blocked_weight_grad(space, n_in, n_o, a_prev, d.data(), ld_d, model_.weight_offset(l));
+        blocked_weight_grad(grads, n_in, n_o, a_prev, d.data(), ld_d, model_.weight_offset(l));
       }
-      // db_l[block] = sum over the block's rows of delta_l (block_column_sums' fixed order)
+      // db_l[block] = sum over the block's rows of delta_l (block_column_sums' fixed order); the first layer's
+      // beside its weight gradient (no delta follows it on `space`).
       const std::int64_t boff = static_cast<std::int64_t>(model_.bias_offset(l));
-      block_column_sums(space, "dpmlp::bias_grad", d.data(), ld_d, n_o, boff);
+      block_column_sums(l == 0 ? space : grads, "dpmlp::bias_grad", d.data(), ld_d, n_o, boff);
       if (l == 0) break;
       if (narrow) continue;
       // delta_{l-1} = (delta_l * W_l^T) .* act'(A_{l-1})
@@ -350,6 +375,7 @@ class BlockEngine {
         });
       }
     }
+    side.join(space);
   }
 
   using scratch_vector =
@@ -420,14 +446,13 @@ class BlockEngine {
         Scalar sum = Scalar(0);
         if (j < n) {
           std::int64_t r = b * block + w;
-          // Four loads in flight before their use; the sum is still in row order within the lane.
-          for (; r + 3 * lanes < end; r += 4 * lanes) {
-            const Scalar v0 = src[r * ld + j], v1 = src[(r + lanes) * ld + j], v2 = src[(r + 2 * lanes) * ld + j],
-                         v3 = src[(r + 3 * lanes) * ld + j];
-            sum += v0;
-            sum += v1;
-            sum += v2;
-            sum += v3;
+          // Sixteen loads in flight before their use (a lane's rows are a chain of memory latencies otherwise);
+          // the sum is still in row order within the lane.
+          constexpr int U = 16;
+          for (; r + (U - 1) * lanes < end; r += U * lanes) {
+            Scalar v[U];
+            for (int u = 0; u < U; ++u) v[u] = src[(r + u * lanes) * ld + j];
+            for (int u = 0; u < U; ++u) sum += v[u];
           }
           for (; r < end; r += lanes) sum += src[r * ld + j];
         }
@@ -468,23 +493,30 @@ class BlockEngine {
   // team's scratch: Out = act(In * W + bias), each element summed over i in increasing order from +0 and then
   // the bias added, as the portable GEMM and its element-wise kernel do it. A team stages TR rows of In in
   // scratch with coalesced loads, then a thread a (row, output) sums its row from there. A GEMM with
-  // n = n_out this thin is all memory traffic. Returns false (and does nothing) where it does not run.
+  // n = n_out this thin is all memory traffic. With with_then, then(r) follows for each of the team's rows
+  // (the output layer: the residual). Returns false (and does nothing) where it does not run.
+  template <class Then>
   bool narrow_forward(const ExecSpace& space, int n_in, int n_out, const Scalar* in, const Scalar* w,
-                      const Scalar* bias, Scalar* out, Activation act) const {
+                      const Scalar* bias, Scalar* out, Activation act, const Then& then, bool with_then) const {
     if constexpr (!is_host_space<ExecSpace>()) {
-      constexpr int T = 256, U = 16;  // threads a team; elements a thread loads before it stores them
+      constexpr int T = 256;  // threads a team
       const int P = n_in + 1;        // the rows' pitch in scratch: the threads of a warp read distinct banks
+      const int dr = T / n_in, dc = T % n_in;  // T elements on: rows and columns
       using policy_t = Kokkos::TeamPolicy<ExecSpace>;
       // The scratch the space gives a team, with room for the two allocations' alignment.
       int TR = (static_cast<int>(policy_t::scratch_size_max(0) / sizeof(Scalar)) - n_in * n_out - 64) / P;
       if (TR > 64) TR = 64;
       if (TR < 1) return false;
-      // Few rows (a mini-batch): fewer a team, so that the teams still fill the device.
+      // Few rows (a mini-batch): fewer a team, so that the teams still fill the device, but a warp's worth at
+      // least. A row's sum is one thread's chain of n_in dependent adds, so more teams of fewer rows gain
+      // nothing past the first wave, and every further wave of teams costs a whole chain.
       const std::int64_t teams = std::max<std::int64_t>(1, space.concurrency() / T);
-      TR = static_cast<int>(std::min<std::int64_t>(TR, std::max<std::int64_t>(1, (rows_ + teams - 1) / teams)));
+      TR = static_cast<int>(std::min<std::int64_t>(TR, std::max<std::int64_t>(32, (rows_ + teams - 1) / teams)));
       using member_t = typename policy_t::member_type;
       const std::int64_t rows = rows_;
-      policy_t policy(space, static_cast<int>((rows + TR - 1) / TR), T);
+      // Light-weight: with `then` (the residual, its loss and views) the functor passes Kokkos's limit for a
+      // kernel argument, and a launch through constant memory cannot be captured (compat::light_weight).
+      auto policy = compat::light_weight(policy_t(space, static_cast<int>((rows + TR - 1) / TR), T));
       policy.set_scratch_size(0, Kokkos::PerTeam(scratch_vector::shmem_size(TR * P) +
                                                  scratch_vector::shmem_size(n_in * n_out)));
       Kokkos::parallel_for("dpmlp::narrow_forward", policy, KOKKOS_LAMBDA(const member_t& team) {
@@ -493,26 +525,52 @@ class BlockEngine {
         const int id = team.team_rank(), count = nr * n_in;
         const scratch_vector tile(team.team_scratch(0), TR * P), ws(team.team_scratch(0), n_in * n_out);
         const Scalar* src = in + r0 * n_in;
-        for (int e0 = id; e0 < count; e0 += U * T) {
-          Scalar v[U];
-          for (int u = 0; u < U; ++u) v[u] = e0 + u * T < count ? src[e0 + u * T] : Scalar(0);
-          for (int u = 0; u < U; ++u) {
-            const int e = e0 + u * T;
-            if (e < count) tile((e / n_in) * P + e % n_in) = v[u];
-          }
+        // Element e = row * n_in + col of the team's rows goes to tile(row * P + col), every copy in flight at
+        // once (detail::async_copy). A thread's elements are T apart: (row, col) advances by (dr, dc) with one
+        // carry, no division.
+        int row = id / n_in, col = id % n_in;
+        for (int e = id; e < count; e += T) {
+          detail::async_copy(&tile(row * P + col), &src[e]);
+          col += dc;
+          row += dr;
+          if (col >= n_in) col -= n_in, ++row;
         }
-        for (int e = id; e < n_in * n_out; e += T) ws(e) = w[e];
+        for (int e = id; e < n_in * n_out; e += T) detail::async_copy(&ws(e), &w[e]);
+        detail::async_copy_wait();
         team.team_barrier();
         for (int t = id; t < nr * n_out; t += T) {
           const int rr = t % nr, j = t / nr;
-          Scalar acc = Scalar(0);
-          for (int i = 0; i < n_in; ++i) acc += tile(rr * P + i) * ws(i * n_out + j);
+          // In order over i. With few rows a team this one thread's chain is the kernel's time, so it is
+          // pipelined: the next eight terms' loads go out before this eight's adds, and the chain waits on
+          // the adds alone.
+          const Scalar* trow = tile.data() + rr * P;
+          const Scalar* wcol = ws.data() + j;
+          const int n8 = n_in - n_in % 8;
+          Scalar acc = Scalar(0), a[8], b[8];
+          for (int u = 0; u < 8 && u < n8; ++u) a[u] = trow[u], b[u] = wcol[u * n_out];
+          int i = 0;
+          for (; i < n8; i += 8) {
+            Scalar na[8], nb[8];
+            const bool more = i + 8 < n8;
+            for (int u = 0; u < 8; ++u) {
+              na[u] = more ? trow[i + 8 + u] : Scalar(0);
+              nb[u] = more ? wcol[(i + 8 + u) * n_out] : Scalar(0);
+            }
+            for (int u = 0; u < 8; ++u) acc += a[u] * b[u];
+            for (int u = 0; u < 8; ++u) a[u] = na[u], b[u] = nb[u];
+          }
+          for (; i < n_in; ++i) acc += trow[i] * wcol[i * n_out];
           out[(r0 + rr) * n_out + j] = activate(act, acc + bias[j]);
+        }
+        if (with_then) {
+          team.team_barrier();  // the team's rows' outputs are written (and visible to the whole team)
+          for (int rr = id; rr < nr; rr += T) then(r0 + rr);
         }
       });
       return true;
     } else {
-      (void)space, (void)n_in, (void)n_out, (void)in, (void)w, (void)bias, (void)out, (void)act;
+      (void)space, (void)n_in, (void)n_out, (void)in, (void)w, (void)bias, (void)out, (void)act, (void)then,
+          (void)with_then;
       return false;
     }
   }
@@ -540,7 +598,7 @@ class BlockEngine {
                          const Scalar* w, Scalar* dn, int ld_dn, Activation act, std::int64_t off) const {
     const matrix part = partials_;
     const std::int64_t block = plan_.block_rows, rows = rows_;
-    constexpr int U = 4;  // rows a lane loads before it stores
+    constexpr int U = 8;  // rows a lane loads before it stores
     const ColumnTeams teams(n_in);
     const int C = teams.C, lanes = teams.lanes, chunks = teams.chunks;
     using policy_t = Kokkos::TeamPolicy<ExecSpace>;
@@ -753,6 +811,7 @@ class BlockEngine {
   std::vector<matrix> acts_;
   matrix delta_[2];
   Kokkos::View<Scalar*, memory_space> row_scratch_;
+  backend::SideStream<ExecSpace> side_;  // the layered engine's gradients on device spaces (compute())
 };
 
 }  // namespace detail

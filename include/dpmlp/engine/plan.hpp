@@ -317,6 +317,13 @@ inline EnginePlan plan_engine(const ModelShape& m, const EngineCaps& caps, const
   const std::int64_t most_blocks =
       p.engine == Engine::tensor && detail::mma_at_every_count(m, caps) ? 2048 : 4096;
   p.block_rows = o.block_rows > 0 ? o.block_rows : default_block_rows(global_rows, m.sums_per_block(), most_blocks);
+  // The layered engine on a GPU: a block's weight gradients are GEMMs over its rows, and every block adds a row
+  // of partial sums (all the parameters) for the tree to read. Short blocks of few rows, as in a mini-batch,
+  // then cost the tree and those GEMMs' stores as much as the GEMMs' arithmetic: blocks grow to 256 rows while
+  // at least 16 remain (16 ranks' worth of blocks).
+  if (o.block_rows == 0 && p.engine == Engine::layered && !caps.host_space) {
+    while (p.block_rows < 256 && global_rows >= 32 * p.block_rows) p.block_rows *= 2;
+  }
   const std::int64_t global_blocks = global_rows > 0 ? (global_rows + p.block_rows - 1) / p.block_rows : 0;
   p.gemm = o.gemm ? *o.gemm : (reproducible ? caps.gemm_reproducible : caps.gemm_fast);
   switch (p.engine) {

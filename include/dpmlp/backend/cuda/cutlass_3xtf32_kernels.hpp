@@ -15,6 +15,7 @@
 #include <cutlass/gemm/device/gemm_universal.h>
 
 #include "dpmlp/backend/cuda/cutlass_3xtf32.hpp"
+#include "dpmlp/backend/cuda/device.hpp"
 #include "dpmlp/errors.hpp"
 
 namespace dpmlp {
@@ -168,7 +169,10 @@ DPMLP_CUDA_ENTRY void gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& 
   }
   if (g.op_a == Op::T) {
     // Per-block weight gradients: n_in x n_out outputs a block, k the block's rows; C element by element.
-    if (g.m >= 128 && g.n >= 128) {
+    // Large tiles where they still give every multiprocessor a tile (few long blocks, as in a mini-batch,
+    // would leave most of them idle).
+    const std::int64_t large_tiles = g.batch * ((g.m + 127) / 128) * ((g.n + 127) / 128);
+    if (g.m >= 128 && g.n >= 128 && large_tiles >= backend::cuda_device().sms) {
       launch<Kernel<Col, Row, 1, 128, 128, 32, 64, 4, Epi::linear>>(space, g, src);
     } else {
       launch<Kernel<Col, Row, 1, 64, 64, 32, 32, 3, Epi::linear>>(space, g, src);
