@@ -249,9 +249,14 @@ class BlockEngine {
   // block.
   bool rows_at_once() const { return plan_.gemm != linalg::Backend::eigen && rows_ <= INT_MAX; }
 
-  // Forward pass over x (rows x inputs) into the activations; the last is the prediction. Where the output
-  // layer runs on narrow_forward, that kernel also calls then(r) for every row once the row's predictions are
-  // written, and forward returns true; else it returns false and then is not called.
+  // Forward pass over x (rows x inputs) into the activations; the last is the prediction.
+  void forward(const ExecSpace& space, const const_matrix& x) const { forward(space, x, NoThen()); }
+
+  // The same; where the output layer runs on narrow_forward, that kernel also calls then(r) for every row once
+  // the row's predictions are written, and forward returns true; else it returns false and then is not called.
+  struct NoThen {
+    KOKKOS_INLINE_FUNCTION void operator()(std::int64_t) const {}
+  };
   template <class Then>
   bool forward(const ExecSpace& space, const const_matrix& x, const Then& then) const {
     const_matrix in = x;
@@ -489,6 +494,22 @@ class BlockEngine {
     }
   }
 
+  // v = p[0..3], p 16-byte aligned: one vector load on CUDA devices (two for double).
+  static KOKKOS_INLINE_FUNCTION void load4(const Scalar* p, Scalar (&v)[4]) {
+#if defined(__CUDA_ARCH__)
+    if constexpr (std::is_same_v<Scalar, float>) {
+      const float4 q = *reinterpret_cast<const float4*>(p);
+      v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+      return;
+    } else if constexpr (std::is_same_v<Scalar, double>) {
+      const double2 q0 = reinterpret_cast<const double2*>(p)[0], q1 = reinterpret_cast<const double2*>(p)[1];
+      v[0] = q0.x, v[1] = q0.y, v[2] = q1.x, v[3] = q1.y;
+      return;
+    }
+#endif
+    for (int u = 0; u < 4; ++u) v[u] = p[u];
+  }
+
   // Device spaces, a layer of n_out <= 4 outputs (narrow_delta(n_out)) whose weights and a row of inputs fit a
   // team's scratch: Out = act(In * W + bias), each element summed over i in increasing order from +0 and then
   // the bias added, as the portable GEMM and its element-wise kernel do it. A team stages TR rows of In in
@@ -500,11 +521,16 @@ class BlockEngine {
                       const Scalar* bias, Scalar* out, Activation act, const Then& then, bool with_then) const {
     if constexpr (!is_host_space<ExecSpace>()) {
       constexpr int T = 256;  // threads a team
-      const int P = n_in + 1;        // the rows' pitch in scratch: the threads of a warp read distinct banks
+      // In scratch, the rows at pitch P and the weights transposed (a column's n_in weights contiguous, at
+      // pitch PW). P is a multiple of 4 whose quarter is odd: every row starts 16-byte aligned, so a thread
+      // reads its row four values a load, and the 16-byte reads of eight consecutive rows fall in distinct
+      // banks.
+      const int PW = (n_in + 3) / 4 * 4;
+      const int P = (PW / 4) % 2 == 1 ? PW : PW + 4;
       const int dr = T / n_in, dc = T % n_in;  // T elements on: rows and columns
       using policy_t = Kokkos::TeamPolicy<ExecSpace>;
       // The scratch the space gives a team, with room for the two allocations' alignment.
-      int TR = (static_cast<int>(policy_t::scratch_size_max(0) / sizeof(Scalar)) - n_in * n_out - 64) / P;
+      int TR = (static_cast<int>(policy_t::scratch_size_max(0) / sizeof(Scalar)) - n_out * PW - 64) / P;
       if (TR > 64) TR = 64;
       if (TR < 1) return false;
       // Few rows (a mini-batch): fewer a team, so that the teams still fill the device, but a warp's worth at
@@ -514,52 +540,50 @@ class BlockEngine {
       TR = static_cast<int>(std::min<std::int64_t>(TR, std::max<std::int64_t>(32, (rows_ + teams - 1) / teams)));
       using member_t = typename policy_t::member_type;
       const std::int64_t rows = rows_;
+      const std::size_t tile_bytes = sizeof(Scalar) * static_cast<std::size_t>(TR) * P;
+      const std::size_t w_bytes = sizeof(Scalar) * static_cast<std::size_t>(n_out) * PW;
       // Light-weight: with `then` (the residual, its loss and views) the functor passes Kokkos's limit for a
       // kernel argument, and a launch through constant memory cannot be captured (compat::light_weight).
       auto policy = compat::light_weight(policy_t(space, static_cast<int>((rows + TR - 1) / TR), T));
-      policy.set_scratch_size(0, Kokkos::PerTeam(scratch_vector::shmem_size(TR * P) +
-                                                 scratch_vector::shmem_size(n_in * n_out)));
+      policy.set_scratch_size(0, Kokkos::PerTeam(tile_bytes + w_bytes + 64));
       Kokkos::parallel_for("dpmlp::narrow_forward", policy, KOKKOS_LAMBDA(const member_t& team) {
         const std::int64_t r0 = static_cast<std::int64_t>(team.league_rank()) * TR;
         const int nr = rows - r0 < TR ? static_cast<int>(rows - r0) : TR;
         const int id = team.team_rank(), count = nr * n_in;
-        const scratch_vector tile(team.team_scratch(0), TR * P), ws(team.team_scratch(0), n_in * n_out);
+        Scalar* tile = static_cast<Scalar*>(team.team_scratch(0).get_shmem_aligned(tile_bytes, 16));
+        Scalar* wt = static_cast<Scalar*>(team.team_scratch(0).get_shmem_aligned(w_bytes, 16));
         const Scalar* src = in + r0 * n_in;
-        // Element e = row * n_in + col of the team's rows goes to tile(row * P + col), every copy in flight at
+        // Element e = row * n_in + col of the team's rows goes to tile[row * P + col], every copy in flight at
         // once (detail::async_copy). A thread's elements are T apart: (row, col) advances by (dr, dc) with one
         // carry, no division.
         int row = id / n_in, col = id % n_in;
         for (int e = id; e < count; e += T) {
-          detail::async_copy(&tile(row * P + col), &src[e]);
+          detail::async_copy(&tile[row * P + col], &src[e]);
           col += dc;
           row += dr;
           if (col >= n_in) col -= n_in, ++row;
         }
-        for (int e = id; e < n_in * n_out; e += T) detail::async_copy(&ws(e), &w[e]);
+        for (int e = id; e < n_in * n_out; e += T) detail::async_copy(&wt[(e % n_out) * PW + e / n_out], &w[e]);
         detail::async_copy_wait();
         team.team_barrier();
         for (int t = id; t < nr * n_out; t += T) {
           const int rr = t % nr, j = t / nr;
-          // In order over i. With few rows a team this one thread's chain is the kernel's time, so it is
-          // pipelined: the next eight terms' loads go out before this eight's adds, and the chain waits on
-          // the adds alone.
-          const Scalar* trow = tile.data() + rr * P;
-          const Scalar* wcol = ws.data() + j;
-          const int n8 = n_in - n_in % 8;
-          Scalar acc = Scalar(0), a[8], b[8];
-          for (int u = 0; u < 8 && u < n8; ++u) a[u] = trow[u], b[u] = wcol[u * n_out];
-          int i = 0;
-          for (; i < n8; i += 8) {
-            Scalar na[8], nb[8];
-            const bool more = i + 8 < n8;
-            for (int u = 0; u < 8; ++u) {
-              na[u] = more ? trow[i + 8 + u] : Scalar(0);
-              nb[u] = more ? wcol[(i + 8 + u) * n_out] : Scalar(0);
-            }
-            for (int u = 0; u < 8; ++u) acc += a[u] * b[u];
-            for (int u = 0; u < 8; ++u) a[u] = na[u], b[u] = nb[u];
+          // In order over i, four terms a load of the row and of the weights: with few rows a team this one
+          // thread's chain is the kernel's time.
+          const Scalar* trow = tile + rr * P;
+          const Scalar* wcol = wt + j * PW;
+          const int n4 = n_in - n_in % 4;
+          Scalar acc = Scalar(0);
+          for (int i = 0; i < n4; i += 4) {
+            Scalar a[4], b[4];
+            load4(trow + i, a);
+            load4(wcol + i, b);
+            acc += a[0] * b[0];
+            acc += a[1] * b[1];
+            acc += a[2] * b[2];
+            acc += a[3] * b[3];
           }
-          for (; i < n_in; ++i) acc += trow[i] * wcol[i * n_out];
+          for (int i = n4; i < n_in; ++i) acc += trow[i] * wcol[i];
           out[(r0 + rr) * n_out + j] = activate(act, acc + bias[j]);
         }
         if (with_then) {
