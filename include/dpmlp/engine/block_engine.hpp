@@ -494,22 +494,6 @@ class BlockEngine {
     }
   }
 
-  // v = p[0..3], p 16-byte aligned: one vector load on CUDA devices (two for double).
-  static KOKKOS_INLINE_FUNCTION void load4(const Scalar* p, Scalar (&v)[4]) {
-#if defined(__CUDA_ARCH__)
-    if constexpr (std::is_same_v<Scalar, float>) {
-      const float4 q = *reinterpret_cast<const float4*>(p);
-      v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-      return;
-    } else if constexpr (std::is_same_v<Scalar, double>) {
-      const double2 q0 = reinterpret_cast<const double2*>(p)[0], q1 = reinterpret_cast<const double2*>(p)[1];
-      v[0] = q0.x, v[1] = q0.y, v[2] = q1.x, v[3] = q1.y;
-      return;
-    }
-#endif
-    for (int u = 0; u < 4; ++u) v[u] = p[u];
-  }
-
   // Device spaces, a layer of n_out <= 4 outputs (narrow_delta(n_out)) whose weights and a row of inputs fit a
   // team's scratch: Out = act(In * W + bias), each element summed over i in increasing order from +0 and then
   // the bias added, as the portable GEMM and its element-wise kernel do it. A team stages TR rows of In in
@@ -576,8 +560,8 @@ class BlockEngine {
           Scalar acc = Scalar(0);
           for (int i = 0; i < n4; i += 4) {
             Scalar a[4], b[4];
-            load4(trow + i, a);
-            load4(wcol + i, b);
+            linalg::detail::load_run<4>(a, trow + i);
+            linalg::detail::load_run<4>(b, wcol + i);
             acc += a[0] * b[0];
             acc += a[1] * b[1];
             acc += a[2] * b[2];
