@@ -8,11 +8,9 @@
 // main one. The kernels and their inputs are the same either way, so the bits are too.
 //
 // The protocol, for work that alternates between the two queues:
-//   space(main)     the side queue (`main` itself where there is none)
-//   fork(main)      work put on the side queue from now on runs after everything `main` holds now; then
-//                   marks what the side queue holds (the mark)
-//   wait_mark(main) `main` waits for the work the side queue held at the last fork (its mark)
-//   join(main)      `main` waits for everything the side queue holds now
+//   space(main)  the side queue (`main` itself where there is none)
+//   fork(main)   work put on the side queue from now on runs after everything `main` holds now
+//   join(main)   `main` waits for everything the side queue holds now
 // Host-side enqueue order alone orders the calls, so a step captured as a CUDA graph gets the same edges.
 //
 // For every other space (and where the engine has no use for it) SideStream<ExecSpace> is one queue: space(main)
@@ -30,10 +28,8 @@ class SideStream {
   // No side queue (create(): here, none either).
   SideStream() = default;
   static SideStream create() { return SideStream(); }
-  bool concurrent() const { return false; }
   const ExecSpace& space(const ExecSpace& main) const { return main; }
   void fork(const ExecSpace&) const {}
-  void wait_mark(const ExecSpace&) const {}
   void join(const ExecSpace&) const {}
 };
 

@@ -338,9 +338,9 @@ class BlockEngine {
       Kokkos::parallel_for("dpmlp::residual", Kokkos::RangePolicy<ExecSpace>(space, 0, rows), residual);
     }
     // A layer's gradients (which read its deltas) and the loss's block sums run on the side queue, beside the
-    // delta chain on `space` (backend/side_stream.hpp). The deltas alternate between two buffers, so the delta
-    // written at layer l reuses the buffer of layer l + 1's: before it, `space` waits for layer l + 1's
-    // gradients (wait_mark).
+    // delta chain on `space` (backend/side_stream.hpp). At each layer the two queues meet (fork, then join):
+    // the side queue's gradients of layer l then follow its deltas, and, as the deltas alternate between two
+    // buffers, the delta written at layer l (into the buffer of layer l + 1's) follows layer l + 1's gradients.
     const backend::SideStream<ExecSpace>& side = side_;
     const ExecSpace& grads = side.space(space);
     for (int l = L - 1; l >= 0; --l) {
@@ -352,7 +352,7 @@ class BlockEngine {
       const int ld_dn = l > 0 ? static_cast<int>(dn.extent(1)) : 0;
       const Activation act = model_.activation();
       side.fork(space);
-      side.wait_mark(space);
+      side.join(space);
       if (l == L - 1) block_column_sums(grads, "dpmlp::loss_blocks", sq.data(), 1, 1, W - 1);
       // Few outputs (the output layer) below another layer: its weight gradient and the delta below in one
       // pass over A_{l-1} (narrow_backward).

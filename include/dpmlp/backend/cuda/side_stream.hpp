@@ -31,25 +31,17 @@ class SideStream<Kokkos::Cuda> {
     cudaStream_t stream = nullptr;
     check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     s.state_->side = Kokkos::Cuda(stream, Kokkos::Impl::ManageStream::yes);
-    for (cudaEvent_t* e : {&s.state_->main_done, &s.state_->side_done, &s.state_->side_mark}) {
+    for (cudaEvent_t* e : {&s.state_->main_done, &s.state_->side_done}) {
       check(cudaEventCreateWithFlags(e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     }
     return s;
   }
-  bool concurrent() const { return state_ != nullptr; }
   const Kokkos::Cuda& space(const Kokkos::Cuda& main) const { return state_ ? state_->side : main; }
 
   void fork(const Kokkos::Cuda& main) const {
     if (!state_) return;
-    // The mark is recorded after the side's wait: it then covers main's work so far too (harmless for a
-    // wait on main), and a step being captured as a graph has drawn the side stream into the capture first.
     check(cudaEventRecord(state_->main_done, main.cuda_stream()), "cudaEventRecord");
     check(cudaStreamWaitEvent(state_->side.cuda_stream(), state_->main_done, 0), "cudaStreamWaitEvent");
-    check(cudaEventRecord(state_->side_mark, state_->side.cuda_stream()), "cudaEventRecord");
-  }
-  void wait_mark(const Kokkos::Cuda& main) const {
-    if (!state_) return;
-    check(cudaStreamWaitEvent(main.cuda_stream(), state_->side_mark, 0), "cudaStreamWaitEvent");
   }
   void join(const Kokkos::Cuda& main) const {
     if (!state_) return;
@@ -60,12 +52,12 @@ class SideStream<Kokkos::Cuda> {
  private:
   struct State {
     Kokkos::Cuda side;
-    cudaEvent_t main_done = nullptr, side_done = nullptr, side_mark = nullptr;
+    cudaEvent_t main_done = nullptr, side_done = nullptr;
     State() = default;
     State(const State&) = delete;
     State& operator=(const State&) = delete;
     ~State() {
-      for (cudaEvent_t e : {main_done, side_done, side_mark}) {
+      for (cudaEvent_t e : {main_done, side_done}) {
         if (e != nullptr) (void)cudaEventDestroy(e);
       }
     }
