@@ -288,8 +288,13 @@ int run(const Options& o) {
         const double r = max_rel_diff(space, c_portable, c_vendor, n_c);
         const bool p_ok = r <= o.tolerance;
         pass = pass && p_ok;
-        std::printf("%s\"%s\": {\"ms\": %.4f, \"tflops\": %.3f, \"max_rel_diff\": %.3e, \"check\": \"%s\"}",
-                    first ? "" : ", ", dpmlp::linalg::backend_name(p), ms, flops / ms * 1e-9, r, p_ok ? "pass" : "fail");
+        bool wgmma = false;  // the cutlass backend's Hopper kernels ran it
+#if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUTLASS)
+        wgmma = p == Backend::cutlass && dpmlp::linalg::cutlass_3xtf32::runs_on_wgmma(g);
+#endif
+        std::printf("%s\"%s\": {\"ms\": %.4f, \"tflops\": %.3f, \"max_rel_diff\": %.3e, \"wgmma\": %s, \"check\": \"%s\"}",
+                    first ? "" : ", ", dpmlp::linalg::backend_name(p), ms, flops / ms * 1e-9, r,
+                    wgmma ? "true" : "false", p_ok ? "pass" : "fail");
         first = false;
       }
       std::printf("}, ");

@@ -341,6 +341,7 @@ int bench(const Options& o, const Optimizer& optimizer) {
             ", \"engine\": " + json_string(dpmlp::engine_name(r.plan.engine)) +
             ", \"kernel\": " + json_string(dpmlp::kernel_name(r.plan.kernel)) +
             ", \"gemm\": " + json_string(r.plan.engine == dpmlp::Engine::layered ? dpmlp::linalg::backend_name(r.plan.gemm) : "none") +
+            ", \"gemm_wgmma\": " + (r.plan.gemm_wgmma ? "true" : "false") +
             ", \"block_rows\": " + std::to_string(r.block_rows) + ", \"graph\": " + (o.graph ? "true" : "false") +
             ", \"repeats\": " + std::to_string(o.repeats) + ", \"times_ms\": [";
     for (std::size_t i = 0; i < r.ms.size(); ++i) line += (i ? ", " : "") + json_number(r.ms[i], "%.3f");

@@ -85,6 +85,19 @@ TEST_CASE("the plan resolves the engine from the model and the space", "[plan]")
     dpmlp::EngineOptions cutlass;  // a GEMM asked for: the layered engine, whose GEMMs they are
     cutlass.gemm = dpmlp::linalg::Backend::cutlass;
     CHECK(plan(shape({32, 64, 64, 1}), 20000, cutlass).engine == Engine::layered);
+    // On a Hopper GPU the cutlass GEMMs run on the wgmma kernels, which sum otherwise: part of the plan's key.
+    dpmlp::EngineCaps hopper = h200();
+    hopper.cutlass_on_wgmma = true;
+    const dpmlp::EnginePlan on_wgmma = plan(shape({32, 256, 256, 1}), 20000, cutlass, 1, hopper);
+    CHECK(on_wgmma.gemm_wgmma);
+    CHECK(!plan(shape({32, 256, 256, 1}), 20000, cutlass).gemm_wgmma);
+    CHECK(on_wgmma.sums_key() != plan(shape({32, 256, 256, 1}), 20000, cutlass).sums_key());
+    CHECK(on_wgmma.describe().find("cutlass on wgmma") != std::string::npos);
+    dpmlp::EngineOptions portable;  // other backends do not run on wgmma, wherever they run
+    portable.gemm = dpmlp::linalg::Backend::portable;
+    CHECK(!plan(shape({32, 256, 256, 1}), 20000, portable, 1, hopper).gemm_wgmma);
+    CHECK(plan(shape({32, 256, 256, 1}), 20000, portable, 1, hopper).sums_key() ==
+          plan(shape({32, 256, 256, 1}), 20000, portable).sums_key());
     dpmlp::EngineOptions tensor;
     tensor.engine = Engine::tensor;
     CHECK_THROWS_WITH(plan(shape({32, 128, 128, 1}), 20000, tensor), Catch::Contains("at most 64 units"));

@@ -854,3 +854,105 @@ TEST_CASE("cutlass: a row's bits do not depend on the rows in the GEMM, a block'
 #endif
   WARN("the CUTLASS 3xTF32 backend runs on CUDA builds with CUTLASS only; not run here");
 }
+
+#if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUTLASS)
+namespace {
+// One GEMM of the cutlass backend against an fp64 product, every element: C = op(A) op(B) (alpha 1, or alpha
+// and beta on the old C), with the bias-and-activation or activation-gradient epilogue or none. Shapes that
+// are not multiples of any tile (m, n, k; batches of blocks whose C rows sit at odd offsets) reach every
+// predicate of the kernels; n >= 64 runs the wgmma kernels on a Hopper GPU, n < 64 CUTLASS's.
+struct OddGemm {
+  dpmlp::linalg::Op op_a, op_b;
+  int m, n, k, batch;
+  int epilogue;  // 0 none, 1 bias and activation, 2 activation gradient
+  dpmlp::Activation act;
+  float alpha, beta;
+};
+void check_odd_gemm(const OddGemm& t) {
+  using dpmlp::linalg::Op;
+  const bool at = t.op_a == Op::T, bt = t.op_b == Op::T;
+  const std::int64_t sa = std::int64_t(t.m) * t.k, sb = std::int64_t(t.k) * t.n;
+  const std::int64_t sc = std::int64_t(t.m) * t.n + (t.batch > 1 ? 3 : 0);  // blocks' C at odd offsets
+  Kokkos::View<float*, Memory> a("a", sa * t.batch), b("b", sb * t.batch), bias("bias", t.n), y("y", sc * t.batch),
+      c("c", sc * t.batch + 1);
+  dpmlp::random::normal(Space(), dpmlp::random::PRNGKey(21), a, 0);
+  dpmlp::random::normal(Space(), dpmlp::random::PRNGKey(22), b, 0);
+  dpmlp::random::normal(Space(), dpmlp::random::PRNGKey(23), bias, 0);
+  dpmlp::random::uniform(Space(), dpmlp::random::PRNGKey(24), y, 0);  // activations in [0, 1)
+  dpmlp::random::normal(Space(), dpmlp::random::PRNGKey(25), c, 0);   // the old C, for beta
+  auto c_old = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), c);
+  dpmlp::linalg::BatchedGemm<float> g;
+  g.op_a = t.op_a, g.op_b = t.op_b, g.m = t.m, g.n = t.n, g.k = t.k;
+  g.a = a.data(), g.lda = at ? t.m : t.k, g.stride_a = sa;
+  g.b = b.data(), g.ldb = bt ? t.k : t.n, g.stride_b = sb;
+  g.c = c.data() + (t.batch > 1 ? 1 : 0), g.ldc = t.n, g.stride_c = sc;
+  g.alpha = t.alpha, g.beta = t.beta, g.batch = t.batch, g.blocks = t.batch > 1;
+  bool fused = true;
+  if (t.epilogue == 1) {
+    fused = dpmlp::linalg::gemm_with_bias(Space(), dpmlp::linalg::Backend::cutlass, g, bias.data(), t.act);
+  } else if (t.epilogue == 2) {
+    fused = dpmlp::linalg::gemm_with_activation_grad(Space(), dpmlp::linalg::Backend::cutlass, g, y.data(), t.n, t.act);
+  } else {
+    dpmlp::linalg::gemm(Space(), dpmlp::linalg::Backend::cutlass, g);
+  }
+  REQUIRE(fused);
+  auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
+  auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
+  auto hbias = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), bias);
+  auto hy = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
+  auto hc = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), c);
+  const std::int64_t off = t.batch > 1 ? 1 : 0;
+  double worst = 0;  // |C - exact| / (the sum of |terms|), the error fp32 arithmetic allows a few ulps of
+  for (int e = 0; e < t.batch; ++e) {
+    for (int i = 0; i < t.m; ++i) {
+      for (int j = 0; j < t.n; ++j) {
+        double s = 0, mag = 0;
+        for (int p = 0; p < t.k; ++p) {
+          const double x = ha(e * sa + (at ? std::int64_t(p) * t.m + i : std::int64_t(i) * t.k + p));
+          const double w = hb(e * sb + (bt ? std::int64_t(j) * t.k + p : std::int64_t(p) * t.n + j));
+          s += x * w, mag += std::abs(x * w);
+        }
+        const std::int64_t at_c = off + e * sc + std::int64_t(i) * t.n + j;
+        double want = t.alpha * s;
+        mag *= std::abs(t.alpha);
+        if (t.epilogue == 0 && t.beta != 0.0f) want += t.beta * double(c_old(at_c)), mag += std::abs(t.beta * c_old(at_c));
+        if (t.epilogue == 1) {
+          want = double(dpmlp::detail::activate(t.act, float(want + hbias(j))));  // the activation of the fp32 sum
+          mag += std::abs(hbias(j));
+        }
+        if (t.epilogue == 2) {
+          const double d = dpmlp::detail::activate_grad_from_output(t.act, double(hy(e * sc + std::int64_t(i) * t.n + j)));
+          want *= d, mag *= std::abs(d);
+        }
+        worst = std::max(worst, std::abs(double(hc(at_c)) - want) / std::max(mag, 1e-30));
+      }
+    }
+  }
+  INFO("op " << (at ? 'T' : 'N') << (bt ? 'T' : 'N') << ", " << t.m << " x " << t.n << " x " << t.k << ", batch "
+             << t.batch << ", epilogue " << t.epilogue << ": max error / sum |terms| " << worst);
+  CHECK(worst <= 2e-6);
+}
+}  // namespace
+#endif
+
+TEST_CASE("cutlass: every layout and fused epilogue at fp32 accuracy, on shapes no tile divides", "[mlp][linalg]") {
+#if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUTLASS)
+  if (std::is_same<Space, Kokkos::Cuda>::value) {
+    using dpmlp::Activation;
+    using dpmlp::linalg::Op;
+    const std::vector<OddGemm> cases = {
+        {Op::N, Op::N, 1000, 200, 36, 1, 1, Activation::relu, 1.0f, 0.0f},
+        {Op::N, Op::N, 997, 64, 260, 1, 1, Activation::tanh, 1.0f, 0.0f},
+        {Op::N, Op::N, 4096, 256, 256, 1, 0, Activation::identity, 0.5f, 2.0f},
+        {Op::N, Op::T, 1000, 72, 200, 1, 2, Activation::tanh, 1.0f, 0.0f},
+        {Op::N, Op::T, 777, 136, 36, 1, 2, Activation::relu, 1.0f, 0.0f},
+        {Op::N, Op::T, 500, 40, 100, 1, 0, Activation::identity, 1.0f, 0.0f},  // n < 64: CUTLASS's kernels
+        {Op::T, Op::N, 36, 200, 100, 3, 0, Activation::identity, 1.0f, 0.0f},
+        {Op::T, Op::N, 256, 256, 1000, 2, 0, Activation::identity, 1.0f, 0.0f},
+    };
+    for (const OddGemm& t : cases) check_odd_gemm(t);
+    return;
+  }
+#endif
+  WARN("the CUTLASS 3xTF32 backend runs on CUDA builds with CUTLASS only; not run here");
+}

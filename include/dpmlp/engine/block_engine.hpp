@@ -146,6 +146,9 @@ class BlockEngine {
       c.shared_memory_sm = static_cast<std::size_t>(d.smem_sm > 0 ? d.smem_sm : 0);
       if constexpr (tensor_space) c.tensor_unavailable = backend::tensor_cores_unavailable();
       if (c.tensor_unavailable.empty() && !tensor_loss) c.tensor_unavailable = tensor_loss_unavailable();
+#if defined(DPMLP_HAVE_CUTLASS)
+      c.cutlass_on_wgmma = linalg::cutlass_3xtf32::wgmma_here();
+#endif
     }
 #endif
     if constexpr (is_host_space<ExecSpace>()) c.multiprocessors = ExecSpace().concurrency();  // threads a rank

@@ -57,6 +57,7 @@ struct EngineCaps {
   int fused_team_size = 0;              // device spaces: the most threads a fused team can have
   linalg::Backend gemm_reproducible = linalg::Backend::portable;  // the layered engine's default GEMMs
   linalg::Backend gemm_fast = linalg::Backend::portable;
+  bool cutlass_on_wgmma = false;  // the cutlass backend runs Hopper's wgmma kernels here (it gives other bits)
 };
 
 // Which kernel computes a step's block sums.
@@ -89,19 +90,21 @@ struct EnginePlan {
   std::int64_t block_rows = 64;
   int leaf_group = 1;  // blocks a row of the engine's partial sums (and a leaf of the block tree) holds
   linalg::Backend gemm = linalg::Backend::portable;
+  bool gemm_wgmma = false;  // the layered engine's cutlass GEMMs run on the wgmma kernels (EngineCaps)
 
   bool register_resident() const {
     return kernel == Kernel::tensor_register_resident || kernel == Kernel::tensor_register_resident_paired;
   }
   // What fixes a step's bits, so every rank must plan alike: the engine, the kernel family (the two
-  // register-resident schedules sum alike), the block, the leaf group and the layered engine's GEMMs.
+  // register-resident schedules sum alike), the block, the leaf group and the layered engine's GEMMs (and
+  // whether those run on wgmma: a Hopper rank and an Ampere rank would not sum alike).
   std::int64_t sums_key() const {
     const int family = register_resident() ? 3 : static_cast<int>(kernel);
-    const int gemm_key = engine == Engine::layered ? static_cast<int>(gemm) : 0;
-    return (((block_rows * 16 + leaf_group) * 8 + family) * 8 + static_cast<int>(engine)) * 8 + gemm_key;  // leaf_group <= 8
+    const int gemm_key = engine == Engine::layered ? static_cast<int>(gemm) * 2 + (gemm_wgmma ? 1 : 0) : 0;
+    return (((block_rows * 16 + leaf_group) * 8 + family) * 8 + static_cast<int>(engine)) * 16 + gemm_key;  // leaf_group <= 8
   }
   std::string describe() const {
-    return std::string(kernel_name(kernel)) + (engine == Engine::layered ? std::string(" (") + linalg::backend_name(gemm) + ")" : std::string()) + ", " + std::to_string(block_rows) + "-row blocks" +
+    return std::string(kernel_name(kernel)) + (engine == Engine::layered ? std::string(" (") + linalg::backend_name(gemm) + (gemm_wgmma ? " on wgmma" : "") + ")" : std::string()) + ", " + std::to_string(block_rows) + "-row blocks" +
            (leaf_group > 1 ? ", leaves of " + std::to_string(leaf_group) + " blocks" : "");
   }
 };
@@ -326,6 +329,7 @@ inline EnginePlan plan_engine(const ModelShape& m, const EngineCaps& caps, const
   }
   const std::int64_t global_blocks = global_rows > 0 ? (global_rows + p.block_rows - 1) / p.block_rows : 0;
   p.gemm = o.gemm ? *o.gemm : (reproducible ? caps.gemm_reproducible : caps.gemm_fast);
+  p.gemm_wgmma = p.gemm == linalg::Backend::cutlass && caps.cutlass_on_wgmma;
   switch (p.engine) {
     case Engine::fused: p.kernel = Kernel::fused; break;
     case Engine::host: p.kernel = Kernel::host; break;

@@ -4,7 +4,7 @@
 // and a TF32 remainder, three tensor-core products per term: big*big + big*small + small*big, accumulated in
 // FP32), which is as accurate as FP32 and several times its speed on the tensor cores.
 //
-// Reproducible bits: every kernel here sums an output element over k in the same order, whatever the free
+// Reproducible bits: every CUTLASS kernel here sums an output element over k in the same order, whatever the free
 // dimension, the batch count or the tile: one threadblock per output tile (no split-K, no stream-K), k-tiles
 // of 16 in increasing order (the partial tile, where k is not a multiple of 16, first), each the same two
 // m16n8k8 steps. So a row's bits (a block's, for per-block weight gradients) do not depend on how many rows or
@@ -86,6 +86,16 @@ inline bool takes(const BatchedGemm<float>& g, const Epilogue& e = Epilogue()) {
   }
   return true;
 }
+
+// Whether the GEMMs of n >= 64 run on dpmlp's wgmma 3xTF32 kernels (backend/cuda/wgmma_3xtf32.hpp) here:
+// the kernels compiled (DPMLP_HAVE_WGMMA, in dpmlp_cuda_kernels) and the device of compute capability 9.0.
+// Their bits differ from CUTLASS's kernels', so the plan records it (EnginePlan::gemm_wgmma).
+DPMLP_CUDA_ENTRY bool wgmma_here();
+
+// Whether g (one that takes() accepts) runs on the wgmma kernels rather than CUTLASS's: where they run at all,
+// at n >= 64 (a narrower n would leave most of a 64-column MMA idle). Decided from the shape and the device
+// only, never from m or the batch count, so every rank picks the same kernels for the same GEMM.
+inline bool runs_on_wgmma(const BatchedGemm<float>& g) { return g.n >= 64 && wgmma_here(); }
 
 // C = alpha op(A) op(B) (+ beta C), or with a fused epilogue (Epilogue). Only for GEMMs takes() accepts.
 DPMLP_CUDA_ENTRY void gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Epilogue& e = Epilogue());

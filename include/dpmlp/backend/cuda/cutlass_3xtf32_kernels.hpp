@@ -17,6 +17,9 @@
 #include "dpmlp/backend/cuda/cutlass_3xtf32.hpp"
 #include "dpmlp/backend/cuda/device.hpp"
 #include "dpmlp/errors.hpp"
+#if defined(DPMLP_HAVE_WGMMA)
+#include "dpmlp/backend/cuda/wgmma_3xtf32.hpp"
+#endif
 
 namespace dpmlp {
 namespace linalg {
@@ -155,11 +158,55 @@ void rows_kernel(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const S
   }
 }
 
+#if defined(DPMLP_HAVE_WGMMA)
+inline void wgmma_gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Epilogue& e) {
+  namespace w = wgmma_3xtf32;
+  w::Params p;
+  p.m = g.m, p.n = g.n, p.k = g.k;
+  p.a = g.a, p.lda = g.lda, p.stride_a = g.stride_a;
+  p.b = g.b, p.ldb = g.ldb, p.stride_b = g.stride_b;
+  p.c = g.c, p.ldc = g.ldc, p.stride_c = g.stride_c;
+  p.alpha = g.alpha, p.beta = g.beta;
+  p.src = e.src, p.src_ld = e.ld, p.act = e.act;
+  p.pairs = !g.blocks && g.ldc % 2 == 0 && reinterpret_cast<std::uintptr_t>(g.c) % 8 == 0 &&
+            (g.batch == 1 || g.stride_c % 2 == 0);
+  const w::Out out = e.kind == Epi::bias_activation   ? w::Out::bias_activation
+                     : e.kind == Epi::activation_grad ? w::Out::activation_grad
+                                                      : w::Out::linear;
+  constexpr std::int64_t most = 65535;  // batch entries a launch (grid y); entries are independent
+  for (std::int64_t first = 0; first < g.batch; first += most) {
+    w::Params part = p;
+    part.a += first * g.stride_a, part.b += first * g.stride_b, part.c += first * g.stride_c;
+    const int count = static_cast<int>(g.batch - first < most ? g.batch - first : most);
+    const cudaError_t s = w::gemm(space.cuda_stream(), part, count, g.op_a == Op::N, g.op_b == Op::T, out);
+    if (s != cudaSuccess) {
+      throw CommError(std::string("dpmlp: wgmma 3xTF32 GEMM (") + std::to_string(g.m) + " x " + std::to_string(g.n) +
+                      " x " + std::to_string(g.k) + ", batch " + std::to_string(g.batch) + "): " + cudaGetErrorString(s));
+    }
+  }
+}
+#endif
+
 }  // namespace detail
+
+DPMLP_CUDA_ENTRY bool wgmma_here() {
+#if defined(DPMLP_HAVE_WGMMA)
+  const backend::CudaDevice& d = backend::cuda_device();
+  return d.read && d.major == 9 && d.minor == 0;
+#else
+  return false;
+#endif
+}
 
 DPMLP_CUDA_ENTRY void gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Epilogue& e) {
   using namespace detail;
   if (!takes(g, e)) throw std::logic_error("dpmlp::linalg::cutlass_3xtf32::gemm: a GEMM it does not take");
+#if defined(DPMLP_HAVE_WGMMA)
+  if (runs_on_wgmma(g)) {
+    wgmma_gemm(space, g, e);
+    return;
+  }
+#endif
   Source src;
   src.act = e.act;
   switch (e.kind) {
