@@ -5,11 +5,11 @@
 // One warpgroup (128 threads) a CTA computes a 64 x BN tile of C (BN 64 or 128, from n only). Each k-tile of
 // 32 is loaded from global memory into registers, split into TF32 hi and lo parts (tf32::split) and stored to
 // shared memory in the K-major, 128-byte-swizzled layout wgmma reads (any operand layout: the split store
-// transposes where the operand is not K-contiguous), two stages deep: the next k-tile's split and store and
-// the one after's loads overlap the current k-tile's MMAs. A k-tile's 12 MMAs (lo*hi, hi*lo, then hi*hi, each
-// over its four k-steps of 8) go to a fresh accumulator, which is then added to the tile's fp32 sum on the
-// CUDA cores: wgmma's own accumulation truncates, so a long k-loop accumulated there would drift; summed in
-// k-tiles of 32 it stays at fp32 accuracy.
+// transposes where the operand is not K-contiguous), two stages deep. A k-tile's 12 MMAs (lo*hi, hi*lo, then
+// hi*hi, each over its four k-steps of 8) accumulate in the tile's fp32 accumulator: for .tf32 operands the
+// PTX ISA specifies accumulation in at least single precision, as for the mma.sync of CUTLASS's kernels. The
+// MMAs run asynchronously: while a k-tile's are in flight, the threads split and store the next k-tile into
+// the other stage (free once every warp has seen the previous k-tile's MMAs done) and load the one after.
 //
 // Reproducible bits: an element of C is the same function of its row of A and column of B whatever m, the
 // batch count or the grid (k-tiles in increasing order, a partial last k-tile zero-filled; BN from n), so a
@@ -49,7 +49,10 @@ __device__ inline int swizzled(int r, int chunk) { return r * kTile + ((chunk ^ 
 __device__ inline void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ inline void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ inline void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+template <int Pending>
+__device__ inline void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
+}
 template <int R>
 __device__ inline void fence_registers(float (&d)[R]) {
 #pragma unroll
@@ -117,6 +120,13 @@ struct Operand {
   static constexpr int kVecs = R / 16;  // float4 a thread
   float4 v[kVecs];
 
+  // The transposed path's 4 x 4 block u (of 2R): rows 4 block_row(u) .. + 3, chunk (k / 4) block_chunk(u).
+  // Bit 0 of u picks the row group's parity, bits 1-2 the chunk's low bits, so the 8 threads of a store
+  // phase write 8 different 16-byte slots of the swizzled rows (no bank conflicts), and the 8 threads that
+  // share a chunk read 8 adjacent blocks of a row of global memory (128 bytes).
+  __device__ static int block_row(int u) { return (u & 1) | (((u >> 3) % (R / 8)) << 1); }
+  __device__ static int block_chunk(int u) { return ((u >> 1) & 3) | (((u >> 3) / (R / 8)) << 2); }
+
   __device__ void load(const float* p, std::int64_t ld, int r0, int rows, int k0, int kdim, int t) {
     if constexpr (KContig) {
 #pragma unroll
@@ -127,7 +137,7 @@ struct Operand {
     } else {
 #pragma unroll
       for (int i = 0; i < kVecs / 4; ++i) {
-        const int u = t + 128 * i, r = r0 + 4 * (u % (R / 4)), k = k0 + 4 * (u / (R / 4));
+        const int u = t + 128 * i, r = r0 + 4 * block_row(u), k = k0 + 4 * block_chunk(u);
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           v[4 * i + q] = r < rows && k + q < kdim ? *reinterpret_cast<const float4*>(p + (k + q) * ld + r)
@@ -146,7 +156,7 @@ struct Operand {
     } else {
 #pragma unroll
       for (int i = 0; i < kVecs / 4; ++i) {
-        const int u = t + 128 * i, r = 4 * (u % (R / 4)), chunk = u / (R / 4);
+        const int u = t + 128 * i, r = 4 * block_row(u), chunk = block_chunk(u);
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
           store_split(hi, lo, swizzled(r + s, chunk), part(v[4 * i], s), part(v[4 * i + 1], s),
@@ -180,9 +190,9 @@ __global__ void __launch_bounds__(128) gemm_kernel(const Params P) {
 
   Operand<64, AK> a;
   Operand<BN, BK> b;
-  float acc[R], part_sum[R];
+  float acc[R];
 #pragma unroll
-  for (int i = 0; i < R; ++i) acc[i] = 0.0f, part_sum[i] = 0.0f;
+  for (int i = 0; i < R; ++i) acc[i] = 0.0f;
 
   a.load(A, P.lda, m0, P.m, 0, P.k, t);
   b.load(B, P.ldb, n0, P.n, 0, P.k, t);
@@ -198,14 +208,20 @@ __global__ void __launch_bounds__(128) gemm_kernel(const Params P) {
   for (int kt = 0; kt < kt_count; ++kt) {
     const std::uint32_t base = smem_addr(sm + (kt & 1) * Stage);
     const std::uint32_t a_hi = base, a_lo = base + SA * 4, b_hi = base + 2 * SA * 4, b_lo = b_hi + SB * 4;
+    fence_registers(acc);
     wgmma_fence();
 #pragma unroll
-    for (int s = 0; s < 4; ++s) mma(part_sum, descriptor(a_lo + 32 * s), descriptor(b_hi + 32 * s), s);
+    for (int s = 0; s < 4; ++s) mma(acc, descriptor(a_lo + 32 * s), descriptor(b_hi + 32 * s), 1);
 #pragma unroll
-    for (int s = 0; s < 4; ++s) mma(part_sum, descriptor(a_hi + 32 * s), descriptor(b_lo + 32 * s), 1);
+    for (int s = 0; s < 4; ++s) mma(acc, descriptor(a_hi + 32 * s), descriptor(b_lo + 32 * s), 1);
 #pragma unroll
-    for (int s = 0; s < 4; ++s) mma(part_sum, descriptor(a_hi + 32 * s), descriptor(b_hi + 32 * s), 1);
+    for (int s = 0; s < 4; ++s) mma(acc, descriptor(a_hi + 32 * s), descriptor(b_hi + 32 * s), 1);
     wgmma_commit();
+    fence_registers(acc);
+    // The previous k-tile's MMAs, which read the other stage, are done (in every warp: a warp's wait covers
+    // its own part of the warpgroup's MMA, hence the barrier); this k-tile's may still run.
+    wgmma_wait<1>();
+    __syncthreads();
     if (kt + 1 < kt_count) {
       float* next = sm + ((kt + 1) & 1) * Stage;
       a.store(next, next + SA, t);
@@ -215,13 +231,11 @@ __global__ void __launch_bounds__(128) gemm_kernel(const Params P) {
         b.load(B, P.ldb, n0, P.n, (kt + 2) * kTile, P.k, t);
       }
     }
-    wgmma_wait_all();
-    fence_registers(part_sum);
-#pragma unroll
-    for (int i = 0; i < R; ++i) acc[i] += part_sum[i];
     fence_proxy_async();
     __syncthreads();
   }
+  wgmma_wait<0>();
+  fence_registers(acc);
 
   // The accumulator's layout: 8-column chunk j, registers 4j..4j+3 at (r0, c), (r0, c + 1), (r0 + 8, c),
   // (r0 + 8, c + 1), r0 = 16 warp + lane / 4, c = 8 j + 2 (lane % 4).
@@ -273,7 +287,7 @@ inline cudaError_t launch(cudaStream_t stream, Params p, int batch) {
   p.tiles_n = (p.n + BN - 1) / BN;
   const long long tiles = static_cast<long long>(p.tiles_n) * ((p.m + 63) / 64);
   gemm_kernel<BN, AK, BK, O><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(batch)), 128, bytes, stream>>>(p);
-  return cudaPeekAtLastError();
+  return cudaGetLastError();
 }
 
 template <int BN, Out O>
