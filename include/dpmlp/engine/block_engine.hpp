@@ -147,7 +147,7 @@ class BlockEngine {
       if constexpr (tensor_space) c.tensor_unavailable = backend::tensor_cores_unavailable();
       if (c.tensor_unavailable.empty() && !tensor_loss) c.tensor_unavailable = tensor_loss_unavailable();
 #if defined(DPMLP_HAVE_CUTLASS)
-      c.cutlass_on_wgmma = linalg::cutlass_3xtf32::wgmma_here();
+      if constexpr (std::is_same_v<Scalar, float>) c.cutlass_on_wgmma = linalg::cutlass_3xtf32::wgmma_here();
 #endif
     }
 #endif

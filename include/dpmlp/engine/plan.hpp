@@ -57,7 +57,7 @@ struct EngineCaps {
   int fused_team_size = 0;              // device spaces: the most threads a fused team can have
   linalg::Backend gemm_reproducible = linalg::Backend::portable;  // the layered engine's default GEMMs
   linalg::Backend gemm_fast = linalg::Backend::portable;
-  bool cutlass_on_wgmma = false;  // the cutlass backend runs Hopper's wgmma kernels here (it gives other bits)
+  bool cutlass_on_wgmma = false;  // the cutlass backend runs Hopper's wgmma kernels here (float; other bits)
 };
 
 // Which kernel computes a step's block sums.

@@ -4,11 +4,13 @@
 // and a TF32 remainder, three tensor-core products per term: big*big + big*small + small*big, accumulated in
 // FP32), which is as accurate as FP32 and several times its speed on the tensor cores.
 //
-// Reproducible bits: every CUTLASS kernel here sums an output element over k in the same order, whatever the free
-// dimension, the batch count or the tile: one threadblock per output tile (no split-K, no stream-K), k-tiles
-// of 16 in increasing order (the partial tile, where k is not a multiple of 16, first), each the same two
-// m16n8k8 steps. So a row's bits (a block's, for per-block weight gradients) do not depend on how many rows or
-// blocks a rank has, nor on the tile shape, which may then follow the rows (test_mlp checks both on the GPU).
+// Reproducible bits: every CUTLASS kernel here sums an output element over k in the same order, whatever the
+// free dimension, the batch count or the tile: one threadblock per output tile (no split-K, no stream-K),
+// k-tiles of 16 in increasing order (the partial tile, where k is not a multiple of 16, first), each the same
+// two m16n8k8 steps. So a row's bits (a block's, for per-block weight gradients) do not depend on how many rows
+// or blocks a rank has, nor on the tile shape, which may then follow the rows (test_mlp checks both on the
+// GPU). The wgmma kernels that take a Hopper GPU's GEMMs of n >= 64 where they are compiled
+// (wgmma_3xtf32_kernels.hpp) keep the same property by their own fixed order.
 //
 // What runs here: float; op(A) op(B) as N N (forward: rows x weights), N T (delta: rows x weights^T) or T N
 // (per-block weight gradients: rows^T x deltas); the contiguous dimension of A and B a multiple of 4 elements,
