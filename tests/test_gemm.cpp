@@ -4,9 +4,11 @@
 // leading dimensions, batches with strides (a shared B included), alpha/beta variants and k = 0; and an
 // element's bits do not depend on the batch count, its batch index, m or n (the tile shape the kernel
 // picks). Runs on the default execution space: Serial in a CPU build (the tiled kernel's host form), the
-// GPU in a device build.
+// GPU in a device build. Also, on any build, the index arithmetic of the Hopper wgmma kernels
+// (backend/cuda/wgmma_layout.hpp) against the layout their MMA descriptors describe.
 #include <catch2/catch.hpp>
 
+#include <dpmlp/backend/cuda/wgmma_layout.hpp>
 #include <dpmlp/linalg/gemm.hpp>
 
 #include <algorithm>
@@ -286,5 +288,100 @@ TEST_CASE("the portable GEMM's elements do not depend on the batch count, batch 
         }
       }
     }
+  }
+}
+
+// The wgmma kernels' index arithmetic (backend/cuda/wgmma_layout.hpp), checked on any build against what the
+// hardware reads: for every thread's vectors, the element each one carries lands where the MMA's descriptor
+// (decoded field by field) and the canonical K-major 128-byte-swizzled layout put that element, for both
+// operand paths and both tile heights; the transposed path's stores are free of bank conflicts; and the
+// accumulator's register map is CuTe's CLayout_64xN.
+TEST_CASE("wgmma layout: the split stores put every element where the descriptors read it", "[gemm]") {
+  namespace w = dpmlp::backend::wgmma;
+  const std::uint32_t base = 0x4000;  // a tile's shared address: 1024-byte aligned
+  // The hardware's address of element (row, kk) of k-step `step`, from the descriptor's fields: start +
+  // (row / 8) SBO + (row % 8) 128 bytes + kk 4 bytes, then the 128-byte swizzle (bits 4-6 ^= bits 7-9).
+  std::array<std::uint32_t, 4> start{}, sbo{};
+  for (int step = 0; step < 4; ++step) {
+    const std::uint64_t d = w::descriptor(base + 32 * step);
+    CHECK((d >> 62) == 1);             // 128-byte swizzle
+    CHECK(((d >> 49) & 7) == 0);       // base offset
+    CHECK(((d >> 16) & 0x3FFF) == 1);  // leading byte offset: unused with a swizzle, 1
+    start[step] = static_cast<std::uint32_t>(d & 0x3FFF) << 4;
+    sbo[step] = static_cast<std::uint32_t>((d >> 32) & 0x3FFF) << 4;
+  }
+  const auto read_offset = [&](int step, int row, int kk) {
+    std::uint32_t b = start[step] + (row / 8) * sbo[step] + (row % 8) * 128 + kk * 4;
+    b ^= ((b >> 7) & 7) << 4;
+    return static_cast<int>((b - base) / 4);
+  };
+  for (int rows : {64, 128}) {
+    for (bool kcontig : {true, false}) {
+      // Which (row, k) each float of the tile receives from the stores; -1: none.
+      std::vector<int> holds(static_cast<std::size_t>(rows) * w::k_tile, -1);
+      int clashes = 0;
+      const auto put = [&](int off, int row, int k) {
+        if (holds[off] != -1) ++clashes;
+        holds[off] = row * w::k_tile + k;
+      };
+      for (int t = 0; t < 128; ++t) {
+        if (kcontig) {
+          for (int i = 0; i < rows / 16; ++i) {
+            const int f = t + 128 * i, r = w::kcontig_row(f), c = w::kcontig_chunk(f);
+            for (int e = 0; e < 4; ++e) put(w::swizzled(r, c) + e, r, 4 * c + e);
+          }
+        } else {
+          for (int i = 0; i < rows / 64; ++i) {
+            const int u = t + 128 * i, r = 4 * w::block_row(u, rows), c = w::block_chunk(u, rows);
+            for (int s = 0; s < 4; ++s) {
+              for (int q = 0; q < 4; ++q) put(w::swizzled(r + s, c) + q, r + s, 4 * c + q);
+            }
+          }
+        }
+      }
+      INFO("rows " << rows << (kcontig ? ", K-contiguous" : ", transposed"));
+      CHECK(clashes == 0);
+      CHECK(std::count(holds.begin(), holds.end(), -1) == 0);
+      int wrong = 0;
+      for (int step = 0; step < 4; ++step) {
+        for (int row = 0; row < rows; ++row) {
+          for (int kk = 0; kk < 8; ++kk) wrong += holds[read_offset(step, row, kk)] != row * w::k_tile + 8 * step + kk;
+        }
+      }
+      CHECK(wrong == 0);
+      if (!kcontig) {
+        // A store phase: 8 consecutive lanes, the same s; 16-byte stores are conflict-free when the 8 slots
+        // (16-byte units mod 128 bytes) differ.
+        int worst = 1;
+        for (int i = 0; i < rows / 64; ++i) {
+          for (int phase = 0; phase < 16; ++phase) {
+            for (int s = 0; s < 4; ++s) {
+              std::array<int, 8> used{};
+              for (int l = 0; l < 8; ++l) {
+                const int u = 8 * phase + l + 128 * i;
+                const int slot = (w::swizzled(4 * w::block_row(u, rows) + s, w::block_chunk(u, rows)) / 4) % 8;
+                worst = std::max(worst, ++used[slot]);
+              }
+            }
+          }
+        }
+        CHECK(worst == 1);
+      }
+    }
+  }
+  // CLayout_64xN: (thread, value) -> m + 64 n with thread (4, 8, 4) : (128, 1, 16), value (2, 2, N / 8) :
+  // (64, 8, 512).
+  for (int n : {64, 128}) {
+    std::vector<int> seen(64 * n, 0);
+    int wrong = 0;
+    for (int t = 0; t < 128; ++t) {
+      for (int v = 0; v < n / 2; ++v) {
+        const int idx = 128 * (t % 4) + (t / 4) % 8 + 16 * (t / 32) + 64 * (v % 2) + 8 * ((v / 2) % 2) + 512 * (v / 4);
+        wrong += w::acc_row(t, v) != idx % 64 || w::acc_col(t, v) != idx / 64;
+        ++seen[w::acc_row(t, v) * n + w::acc_col(t, v)];
+      }
+    }
+    CHECK(wrong == 0);
+    CHECK(std::count(seen.begin(), seen.end(), 1) == 64 * n);
   }
 }

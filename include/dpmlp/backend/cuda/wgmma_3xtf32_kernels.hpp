@@ -23,6 +23,7 @@
 #include "dpmlp/activation.hpp"
 #include "dpmlp/backend/cuda/mma_ops.hpp"
 #include "dpmlp/backend/cuda/wgmma_3xtf32.hpp"
+#include "dpmlp/backend/cuda/wgmma_layout.hpp"
 
 namespace dpmlp {
 namespace linalg {
@@ -30,22 +31,15 @@ namespace wgmma_3xtf32 {
 
 namespace detail {
 
-constexpr int kTile = 32;  // k a k-tile: one 128-byte swizzle row of fp32
+using backend::wgmma::descriptor;
+using backend::wgmma::swizzled;
+constexpr int kTile = backend::wgmma::k_tile;
 
 #if defined(__CUDACC__)
 
 __device__ inline std::uint32_t smem_addr(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }
-// A K-major operand with the 128-byte swizzle: 8-row groups of 8 x 128 bytes (stride 1024 bytes), the tile's
-// base 1024-byte aligned; a k-step of 8 moves the start 32 bytes along the row.
-__device__ inline std::uint64_t descriptor(std::uint32_t addr) {
-  return static_cast<std::uint64_t>((addr & 0x3FFFFu) >> 4) | (std::uint64_t(1) << 16) |
-         (std::uint64_t(1024 >> 4) << 32) | (std::uint64_t(1) << 62);
-}
-// Element (r, k) of a rows x 32 K-major swizzled tile: 16-byte chunk k / 4 of row r, XORed with r mod 8.
-__device__ inline int swizzled(int r, int chunk) { return r * kTile + ((chunk ^ (r & 7)) << 2); }
-
 __device__ inline void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ inline void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -120,18 +114,15 @@ struct Operand {
   static constexpr int kVecs = R / 16;  // float4 a thread
   float4 v[kVecs];
 
-  // The transposed path's 4 x 4 block u (of 2R): rows 4 block_row(u) .. + 3, chunk (k / 4) block_chunk(u).
-  // Bit 0 of u picks the row group's parity, bits 1-2 the chunk's low bits, so the 8 threads of a store
-  // phase write 8 different 16-byte slots of the swizzled rows (no bank conflicts), and the 8 threads that
-  // share a chunk read 8 adjacent blocks of a row of global memory (128 bytes).
-  __device__ static int block_row(int u) { return (u & 1) | (((u >> 3) % (R / 8)) << 1); }
-  __device__ static int block_chunk(int u) { return ((u >> 1) & 3) | (((u >> 3) / (R / 8)) << 2); }
+  // Which rows and chunk a thread's vectors hold: wgmma_layout.hpp.
+  __device__ static int block_row(int u) { return backend::wgmma::block_row(u, R); }
+  __device__ static int block_chunk(int u) { return backend::wgmma::block_chunk(u, R); }
 
   __device__ void load(const float* p, std::int64_t ld, int r0, int rows, int k0, int kdim, int t) {
     if constexpr (KContig) {
 #pragma unroll
       for (int i = 0; i < kVecs; ++i) {
-        const int f = t + 128 * i, r = r0 + (f >> 3), k = k0 + 4 * (f & 7);
+        const int f = t + 128 * i, r = r0 + backend::wgmma::kcontig_row(f), k = k0 + 4 * backend::wgmma::kcontig_chunk(f);
         v[i] = r < rows && k < kdim ? *reinterpret_cast<const float4*>(p + r * ld + k) : make_float4(0, 0, 0, 0);
       }
     } else {
@@ -150,7 +141,7 @@ struct Operand {
     if constexpr (KContig) {
 #pragma unroll
       for (int i = 0; i < kVecs; ++i) {
-        const int f = t + 128 * i, off = swizzled(f >> 3, f & 7);
+        const int f = t + 128 * i, off = swizzled(backend::wgmma::kcontig_row(f), backend::wgmma::kcontig_chunk(f));
         store_split(hi, lo, off, v[i].x, v[i].y, v[i].z, v[i].w);
       }
     } else {
@@ -237,16 +228,15 @@ __global__ void __launch_bounds__(128) gemm_kernel(const Params P) {
   wgmma_wait<0>();
   fence_registers(acc);
 
-  // The accumulator's layout: 8-column chunk j, registers 4j..4j+3 at (r0, c), (r0, c + 1), (r0 + 8, c),
-  // (r0 + 8, c + 1), r0 = 16 warp + lane / 4, c = 8 j + 2 (lane % 4).
-  const int lane = t & 31, r0 = m0 + 16 * (t >> 5) + (lane >> 2);
+  // Register 4j + 2h + e of the accumulator: column 8j + 2 (lane % 4) + e of row 16 warp + lane / 4 + 8h
+  // (wgmma_layout.hpp).
 #pragma unroll
   for (int j = 0; j < BN / 8; ++j) {
-    const int col = n0 + 8 * j + 2 * (lane & 3);
+    const int col = n0 + backend::wgmma::acc_col(t, 4 * j);
     if (col >= P.n) continue;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int row = r0 + 8 * h;
+      const int row = m0 + backend::wgmma::acc_row(t, 4 * j + 2 * h);
       if (row >= P.m) continue;
       float v[2] = {acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]};
       float* out = C + row * P.ldc + col;
