@@ -902,7 +902,7 @@ void check_odd_gemm(const OddGemm& t) {
   auto hy = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
   auto hc = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), c);
   const std::int64_t off = t.batch > 1 ? 1 : 0;
-  double worst = 0;  // |C - exact| / (the sum of |terms|), the error fp32 arithmetic allows a few ulps of
+  double worst = 0;  // |C - exact| / (the sum of |terms|): fp32 arithmetic allows a few ulps of it
   for (int e = 0; e < t.batch; ++e) {
     for (int i = 0; i < t.m; ++i) {
       for (int j = 0; j < t.n; ++j) {
@@ -915,13 +915,17 @@ void check_odd_gemm(const OddGemm& t) {
         const std::int64_t at_c = off + e * sc + std::int64_t(i) * t.n + j;
         double want = t.alpha * s;
         mag *= std::abs(t.alpha);
-        if (t.epilogue == 0 && t.beta != 0.0f) want += t.beta * double(c_old(at_c)), mag += std::abs(t.beta * c_old(at_c));
+        if (t.epilogue == 0 && t.beta != 0.0f) {
+          want += t.beta * double(c_old(at_c));
+          mag += std::abs(t.beta * double(c_old(at_c)));
+        }
         if (t.epilogue == 1) {
           want = double(dpmlp::detail::activate(t.act, float(want + hbias(j))));  // the activation of the fp32 sum
           mag += std::abs(hbias(j));
         }
         if (t.epilogue == 2) {
-          const double d = dpmlp::detail::activate_grad_from_output(t.act, double(hy(e * sc + std::int64_t(i) * t.n + j)));
+          const double yv = hy(e * sc + std::int64_t(i) * t.n + j);
+          const double d = dpmlp::detail::activate_grad_from_output(t.act, yv);
           want *= d, mag *= std::abs(d);
         }
         worst = std::max(worst, std::abs(double(hc(at_c)) - want) / std::max(mag, 1e-30));

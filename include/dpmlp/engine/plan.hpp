@@ -101,7 +101,8 @@ struct EnginePlan {
   std::int64_t sums_key() const {
     const int family = register_resident() ? 3 : static_cast<int>(kernel);
     const int gemm_key = engine == Engine::layered ? static_cast<int>(gemm) * 2 + (gemm_wgmma ? 1 : 0) : 0;
-    return (((block_rows * 16 + leaf_group) * 8 + family) * 8 + static_cast<int>(engine)) * 16 + gemm_key;  // leaf_group <= 8
+    // leaf_group <= 8; gemm_key < 16
+    return (((block_rows * 16 + leaf_group) * 8 + family) * 8 + static_cast<int>(engine)) * 16 + gemm_key;
   }
   std::string describe() const {
     return std::string(kernel_name(kernel)) + (engine == Engine::layered ? std::string(" (") + linalg::backend_name(gemm) + (gemm_wgmma ? " on wgmma" : "") + ")" : std::string()) + ", " + std::to_string(block_rows) + "-row blocks" +

@@ -180,8 +180,9 @@ inline void wgmma_gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, c
     const int count = static_cast<int>(g.batch - first < most ? g.batch - first : most);
     const cudaError_t s = w::gemm(space.cuda_stream(), part, count, g.op_a == Op::N, g.op_b == Op::T, out);
     if (s != cudaSuccess) {
-      throw CommError(std::string("dpmlp: wgmma 3xTF32 GEMM (") + std::to_string(g.m) + " x " + std::to_string(g.n) +
-                      " x " + std::to_string(g.k) + ", batch " + std::to_string(g.batch) + "): " + cudaGetErrorString(s));
+      throw CommError(std::string("dpmlp: wgmma 3xTF32 GEMM (") + std::to_string(g.m) + " x " +
+                      std::to_string(g.n) + " x " + std::to_string(g.k) + ", batch " + std::to_string(g.batch) +
+                      "): " + cudaGetErrorString(s));
     }
   }
 }

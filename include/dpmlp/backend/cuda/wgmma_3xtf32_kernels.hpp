@@ -32,6 +32,8 @@ namespace wgmma_3xtf32 {
 namespace detail {
 
 using backend::wgmma::descriptor;
+using backend::wgmma::kcontig_chunk;
+using backend::wgmma::kcontig_row;
 using backend::wgmma::swizzled;
 constexpr int kTile = backend::wgmma::k_tile;
 
@@ -122,7 +124,7 @@ struct Operand {
     if constexpr (KContig) {
 #pragma unroll
       for (int i = 0; i < kVecs; ++i) {
-        const int f = t + 128 * i, r = r0 + backend::wgmma::kcontig_row(f), k = k0 + 4 * backend::wgmma::kcontig_chunk(f);
+        const int f = t + 128 * i, r = r0 + kcontig_row(f), k = k0 + 4 * kcontig_chunk(f);
         v[i] = r < rows && k < kdim ? *reinterpret_cast<const float4*>(p + r * ld + k) : make_float4(0, 0, 0, 0);
       }
     } else {
@@ -141,7 +143,7 @@ struct Operand {
     if constexpr (KContig) {
 #pragma unroll
       for (int i = 0; i < kVecs; ++i) {
-        const int f = t + 128 * i, off = swizzled(backend::wgmma::kcontig_row(f), backend::wgmma::kcontig_chunk(f));
+        const int f = t + 128 * i, off = swizzled(kcontig_row(f), kcontig_chunk(f));
         store_split(hi, lo, off, v[i].x, v[i].y, v[i].z, v[i].w);
       }
     } else {
@@ -276,7 +278,8 @@ inline cudaError_t launch(cudaStream_t stream, Params p, int batch) {
   if (setup != cudaSuccess) return setup;
   p.tiles_n = (p.n + BN - 1) / BN;
   const long long tiles = static_cast<long long>(p.tiles_n) * ((p.m + 63) / 64);
-  gemm_kernel<BN, AK, BK, O><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(batch)), 128, bytes, stream>>>(p);
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(batch));
+  gemm_kernel<BN, AK, BK, O><<<grid, 128, bytes, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -295,17 +298,18 @@ inline cudaError_t launch_layout(cudaStream_t stream, const Params& p, int batch
 #if defined(__CUDACC__) && defined(DPMLP_WGMMA_KERNELS_HERE)
 cudaError_t gemm(cudaStream_t stream, const Params& p, int batch, bool a_kcontig, bool b_kcontig, Out o) {
   using detail::launch_layout;
+  const bool ak = a_kcontig, bk = b_kcontig;
   if (p.n > 64) {
     switch (o) {
-      case Out::linear: return launch_layout<128, Out::linear>(stream, p, batch, a_kcontig, b_kcontig);
-      case Out::bias_activation: return launch_layout<128, Out::bias_activation>(stream, p, batch, a_kcontig, b_kcontig);
-      case Out::activation_grad: return launch_layout<128, Out::activation_grad>(stream, p, batch, a_kcontig, b_kcontig);
+      case Out::linear: return launch_layout<128, Out::linear>(stream, p, batch, ak, bk);
+      case Out::bias_activation: return launch_layout<128, Out::bias_activation>(stream, p, batch, ak, bk);
+      case Out::activation_grad: return launch_layout<128, Out::activation_grad>(stream, p, batch, ak, bk);
     }
   }
   switch (o) {
-    case Out::linear: return launch_layout<64, Out::linear>(stream, p, batch, a_kcontig, b_kcontig);
-    case Out::bias_activation: return launch_layout<64, Out::bias_activation>(stream, p, batch, a_kcontig, b_kcontig);
-    case Out::activation_grad: return launch_layout<64, Out::activation_grad>(stream, p, batch, a_kcontig, b_kcontig);
+    case Out::linear: return launch_layout<64, Out::linear>(stream, p, batch, ak, bk);
+    case Out::bias_activation: return launch_layout<64, Out::bias_activation>(stream, p, batch, ak, bk);
+    case Out::activation_grad: return launch_layout<64, Out::activation_grad>(stream, p, batch, ak, bk);
   }
   return cudaErrorInvalidValue;
 }
