@@ -98,28 +98,33 @@ struct Source {
   Activation act = Activation::identity;
 };
 
-// A batch runs on the grid's z dimension, at most 65535 entries a launch: longer batches go in chunks (the
-// entries are independent, so chunking changes no bits, and what runs here never depends on the batch count).
-template <class K>
-void launch_chunk(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Source& src);
-
-template <class K>
-void launch(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Source& src) {
+// A batch runs on a grid dimension of at most 65535 entries a launch (CUTLASS's z, the wgmma kernels' y):
+// f(part, first) for each run of at most that many entries, part the GEMM of entries [first, first +
+// part.batch). The entries are independent, so chunking changes no bits, and what runs here never depends on
+// the batch count.
+template <class F>
+void in_launch_chunks(const BatchedGemm<float>& g, F&& f) {
   constexpr std::int64_t most = 65535;
-  if (g.batch <= most) {
-    launch_chunk<K>(space, g, src);
-    return;
-  }
   for (std::int64_t first = 0; first < g.batch; first += most) {
     BatchedGemm<float> part = g;
     part.batch = g.batch - first < most ? g.batch - first : most;
     part.a = g.a + first * g.stride_a;
     part.b = g.b + first * g.stride_b;
     part.c = g.c + first * g.stride_c;
+    f(part, first);
+  }
+}
+
+template <class K>
+void launch_chunk(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Source& src);
+
+template <class K>
+void launch(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Source& src) {
+  in_launch_chunks(g, [&](const BatchedGemm<float>& part, std::int64_t first) {
     Source s = src;
     if (s.ptr != nullptr) s.ptr += first * s.stride;
     launch_chunk<K>(space, part, s);
-  }
+  });
 }
 
 template <class K>
@@ -161,30 +166,27 @@ void rows_kernel(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const S
 #if defined(DPMLP_HAVE_WGMMA)
 inline void wgmma_gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Epilogue& e) {
   namespace w = wgmma_3xtf32;
-  w::Params p;
-  p.m = g.m, p.n = g.n, p.k = g.k;
-  p.a = g.a, p.lda = g.lda, p.stride_a = g.stride_a;
-  p.b = g.b, p.ldb = g.ldb, p.stride_b = g.stride_b;
-  p.c = g.c, p.ldc = g.ldc, p.stride_c = g.stride_c;
-  p.alpha = g.alpha, p.beta = g.beta;
-  p.src = e.src, p.src_ld = e.ld, p.act = e.act;
-  p.pairs = !g.blocks && g.ldc % 2 == 0 && reinterpret_cast<std::uintptr_t>(g.c) % 8 == 0 &&
-            (g.batch == 1 || g.stride_c % 2 == 0);
   const w::Out out = e.kind == Epi::bias_activation   ? w::Out::bias_activation
                      : e.kind == Epi::activation_grad ? w::Out::activation_grad
                                                       : w::Out::linear;
-  constexpr std::int64_t most = 65535;  // batch entries a launch (grid y); entries are independent
-  for (std::int64_t first = 0; first < g.batch; first += most) {
-    w::Params part = p;
-    part.a += first * g.stride_a, part.b += first * g.stride_b, part.c += first * g.stride_c;
-    const int count = static_cast<int>(g.batch - first < most ? g.batch - first : most);
-    const cudaError_t s = w::gemm(space.cuda_stream(), part, count, g.op_a == Op::N, g.op_b == Op::T, out);
+  in_launch_chunks(g, [&](const BatchedGemm<float>& part, std::int64_t) {
+    w::Params p;
+    p.m = part.m, p.n = part.n, p.k = part.k;
+    p.a = part.a, p.lda = part.lda, p.stride_a = part.stride_a;
+    p.b = part.b, p.ldb = part.ldb, p.stride_b = part.stride_b;
+    p.c = part.c, p.ldc = part.ldc, p.stride_c = part.stride_c;
+    p.alpha = part.alpha, p.beta = part.beta;
+    p.src = e.src, p.src_ld = e.ld, p.act = e.act;  // fused epilogues: one batch entry
+    p.pairs = !g.blocks && g.ldc % 2 == 0 && reinterpret_cast<std::uintptr_t>(g.c) % 8 == 0 &&
+              (g.batch == 1 || g.stride_c % 2 == 0);
+    const cudaError_t s =
+        w::gemm(space.cuda_stream(), p, static_cast<int>(part.batch), g.op_a == Op::N, g.op_b == Op::T, out);
     if (s != cudaSuccess) {
       throw CommError(std::string("dpmlp: wgmma 3xTF32 GEMM (") + std::to_string(g.m) + " x " +
                       std::to_string(g.n) + " x " + std::to_string(g.k) + ", batch " + std::to_string(g.batch) +
                       "): " + cudaGetErrorString(s));
     }
-  }
+  });
 }
 #endif
 

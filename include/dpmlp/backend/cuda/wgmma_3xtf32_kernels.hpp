@@ -39,9 +39,7 @@ constexpr int kTile = backend::wgmma::k_tile;
 
 #if defined(__CUDACC__)
 
-__device__ inline std::uint32_t smem_addr(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
+using backend::shared_address;
 __device__ inline void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 __device__ inline void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ inline void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -169,7 +167,7 @@ template <int BN, bool AK, bool BK, Out O>
 __global__ void __launch_bounds__(128) gemm_kernel(const Params P) {
 #if defined(DPMLP_WGMMA_DEVICE)
   extern __shared__ char smem_raw[];
-  const unsigned misalign = smem_addr(smem_raw) & 1023u;
+  const unsigned misalign = shared_address(smem_raw) & 1023u;
   float* const sm = reinterpret_cast<float*>(smem_raw + ((1024u - misalign) & 1023u));
   constexpr int SA = 64 * kTile, SB = BN * kTile, Stage = 2 * SA + 2 * SB, R = BN / 2;
 
@@ -199,7 +197,7 @@ __global__ void __launch_bounds__(128) gemm_kernel(const Params P) {
   __syncthreads();
 
   for (int kt = 0; kt < kt_count; ++kt) {
-    const std::uint32_t base = smem_addr(sm + (kt & 1) * Stage);
+    const std::uint32_t base = shared_address(sm + (kt & 1) * Stage);
     const std::uint32_t a_hi = base, a_lo = base + SA * 4, b_hi = base + 2 * SA * 4, b_lo = b_hi + SB * 4;
     fence_registers(acc);
     wgmma_fence();
