@@ -1,0 +1,194 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The Hopper wgmma 3xTF32 kernels (backend/cuda/wgmma_3xtf32_kernels.hpp), run on any CPU: their own code
+// (emulated_kernels.hpp, generated from the library's headers by generate.py) on the host model of the CUDA
+// they use (emulation.hpp), called as the library calls them, through cutlass_3xtf32's takes() and
+// wgmma_gemm(). Checks, for every operand layout, both tile widths, each fused epilogue, alpha/beta, batches
+// of blocks at odd offsets and shapes no tile divides: C against fp64 within fp32 accuracy, nothing written
+// outside C, nothing read outside A and B (the sanitizer build), the same results whether the MMAs read their
+// shared memory when issued or when retired (the two-stage pipeline's stores never overwrite a stage in use),
+// and a row's bits independent of m. A GPU run (test_mlp's "cutlass" cases) remains the check that the model
+// is the hardware.
+#include <catch2/catch.hpp>
+
+#include "emulated_kernels.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace {
+
+using dpmlp::Activation;
+using dpmlp::linalg::Op;
+namespace cu = dpmlp::linalg::cutlass_3xtf32;
+
+struct Case {
+  Op op_a, op_b;
+  int m, n, k, batch;
+  int epilogue;  // 0 none, 1 bias and activation, 2 activation gradient
+  Activation act;
+  float alpha, beta;
+};
+
+// Exactly `count` floats, 64-byte aligned: an address sanitizer sees any read past the end.
+struct Buffer {
+  float* p = nullptr;
+  explicit Buffer(std::int64_t count) {
+    if (posix_memalign(reinterpret_cast<void**>(&p), 64, static_cast<std::size_t>(count) * sizeof(float)) != 0) {
+      throw std::bad_alloc();
+    }
+  }
+  ~Buffer() { std::free(p); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+};
+
+struct Result {
+  double worst = 0;      // max |C - exact| / sum |terms|
+  int stray = 0;         // elements outside C that changed
+  std::vector<float> c;  // C (batch entry 0)
+};
+
+// Runs case t on data drawn from `seed` (one generator an array, so a GEMM of fewer rows gets a prefix of the
+// same row-major A, Y and C).
+Result run(const Case& t, unsigned seed) {
+  const bool at = t.op_a == Op::T, bt = t.op_b == Op::T;
+  const std::int64_t sa = std::int64_t(t.m) * t.k, sb = std::int64_t(t.k) * t.n;
+  const std::int64_t sc = std::int64_t(t.m) * t.n + (at ? 3 : 0);  // blocks' C at odd offsets
+  const std::int64_t c_size = sc * t.batch + 8;
+  Buffer a(sa * t.batch), b(sb * t.batch), bias((t.n + 3) / 4 * 4), y(c_size), c(c_size);
+  std::mt19937 ga(seed * 8), gb(seed * 8 + 1), gbias(seed * 8 + 2), gy(seed * 8 + 3), gc(seed * 8 + 4);
+  std::normal_distribution<float> normal;
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  for (std::int64_t i = 0; i < sa * t.batch; ++i) a.p[i] = normal(ga);
+  for (std::int64_t i = 0; i < sb * t.batch; ++i) b.p[i] = normal(gb);
+  for (int i = 0; i < t.n; ++i) bias.p[i] = normal(gbias);
+  for (std::int64_t i = 0; i < c_size; ++i) y.p[i] = unit(gy);  // activations in [0, 1)
+  for (std::int64_t i = 0; i < c_size; ++i) c.p[i] = normal(gc);
+  const std::vector<float> c_old(c.p, c.p + c_size);
+  const std::int64_t off = at ? 1 : 0;
+
+  dpmlp::linalg::BatchedGemm<float> g;
+  g.op_a = t.op_a, g.op_b = t.op_b, g.m = t.m, g.n = t.n, g.k = t.k;
+  g.a = a.p, g.lda = at ? t.m : t.k, g.stride_a = sa;
+  g.b = b.p, g.ldb = bt ? t.k : t.n, g.stride_b = sb;
+  g.c = c.p + off, g.ldc = t.n, g.stride_c = sc;
+  g.alpha = t.alpha, g.beta = t.beta, g.batch = t.batch, g.blocks = at;  // op T A: per-block weight gradients
+  cu::Epilogue e;
+  if (t.epilogue == 1) e.kind = cu::detail::Epi::bias_activation, e.src = bias.p, e.act = t.act;
+  if (t.epilogue == 2) e.kind = cu::detail::Epi::activation_grad, e.src = y.p, e.ld = t.n, e.act = t.act;
+  REQUIRE(cu::takes(g, e));
+  cu::detail::wgmma_gemm(emulation::Space(), g, e);
+
+  Result r;
+  std::vector<char> inside(c_size, 0);
+  for (int be = 0; be < t.batch; ++be) {
+    for (int i = 0; i < t.m; ++i) {
+      for (int j = 0; j < t.n; ++j) {
+        double s = 0, mag = 0;
+        for (int p = 0; p < t.k; ++p) {
+          const double x = a.p[be * sa + (at ? std::int64_t(p) * t.m + i : std::int64_t(i) * t.k + p)];
+          const double w = b.p[be * sb + (bt ? std::int64_t(j) * t.k + p : std::int64_t(p) * t.n + j)];
+          s += x * w, mag += std::abs(x * w);
+        }
+        const std::int64_t at_c = off + be * sc + std::int64_t(i) * t.n + j;
+        inside[at_c] = 1;
+        double want = t.alpha * s;
+        mag *= std::abs(t.alpha);
+        if (t.epilogue == 0 && t.beta != 0.0f) {
+          want += t.beta * double(c_old[at_c]);
+          mag += std::abs(t.beta * double(c_old[at_c]));
+        }
+        if (t.epilogue == 1) {
+          want = double(dpmlp::detail::activate(t.act, float(want + bias.p[j])));  // the activation of the fp32 sum
+          mag += std::abs(bias.p[j]);
+        }
+        if (t.epilogue == 2) {  // the derivative in float, as the epilogue computes it; the sum held to fp64
+          const double d = dpmlp::detail::activate_grad_from_output(t.act, y.p[be * sc + std::int64_t(i) * t.n + j]);
+          want *= d, mag *= std::abs(d);
+        }
+        const double err = std::abs(double(c.p[at_c]) - want) / std::max(mag, 1e-30);
+        r.worst = std::isnan(err) ? std::numeric_limits<double>::infinity() : std::max(r.worst, err);
+      }
+    }
+  }
+  for (std::int64_t i = 0; i < c_size; ++i) {
+    if (!inside[i] && std::memcmp(&c.p[i], &c_old[i], sizeof(float)) != 0) ++r.stray;
+  }
+  r.c.assign(c.p + off, c.p + off + std::int64_t(t.m) * t.n);
+  return r;
+}
+
+const char* name(Op op) { return op == Op::T ? "T" : "N"; }
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> all = {
+      // test_mlp's GPU cases that run on the wgmma kernels (n >= 64)
+      {Op::N, Op::N, 1000, 200, 36, 1, 1, Activation::relu, 1.0f, 0.0f},
+      {Op::N, Op::N, 997, 64, 260, 1, 1, Activation::tanh, 1.0f, 0.0f},
+      {Op::N, Op::N, 4096, 256, 256, 1, 0, Activation::identity, 0.5f, 2.0f},
+      {Op::N, Op::T, 1000, 72, 200, 1, 2, Activation::tanh, 1.0f, 0.0f},
+      {Op::N, Op::T, 777, 136, 36, 1, 2, Activation::relu, 1.0f, 0.0f},
+      {Op::T, Op::N, 36, 200, 100, 3, 0, Activation::identity, 1.0f, 0.0f},
+      {Op::T, Op::N, 256, 256, 1000, 2, 0, Activation::identity, 1.0f, 0.0f},
+      // one row; k of one k-step; n just over a tile; alpha and beta on every layout; the widest layers
+      {Op::N, Op::N, 1, 64, 4, 1, 0, Activation::identity, 1.0f, 0.0f},
+      {Op::N, Op::N, 65, 132, 4, 1, 0, Activation::identity, -1.5f, 0.25f},
+      {Op::N, Op::T, 63, 68, 32, 1, 0, Activation::identity, 1.0f, 1.0f},
+      {Op::N, Op::T, 130, 260, 68, 1, 0, Activation::identity, 2.0f, -1.0f},
+      {Op::T, Op::N, 4, 64, 1, 1, 0, Activation::identity, 1.0f, 0.0f},
+      {Op::T, Op::N, 132, 132, 33, 2, 0, Activation::identity, 1.0f, 0.0f},
+      {Op::T, Op::N, 64, 128, 63, 1, 0, Activation::identity, 1.0f, 0.0f},
+      {Op::N, Op::N, 128, 512, 512, 1, 1, Activation::relu, 1.0f, 0.0f},
+      {Op::N, Op::T, 100, 512, 512, 1, 2, Activation::identity, 1.0f, 0.0f},
+  };
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("wgmma kernels (emulated): every layout and epilogue at fp32 accuracy, the same whenever MMAs read",
+          "[wgmma]") {
+  for (const Case& t : cases()) {
+    INFO("op " << name(t.op_a) << name(t.op_b) << ", " << t.m << " x " << t.n << " x " << t.k << ", batch " << t.batch
+               << ", epilogue " << t.epilogue);
+    emulation::fp32_one_at_a_time = true;
+    emulation::run_at_wait = true;
+    const Result late = run(t, 1);
+    INFO("MMAs at their wait: max error / sum |terms| " << late.worst);
+    CHECK(late.worst <= 2e-6);
+    CHECK(late.stray == 0);
+    emulation::run_at_wait = false;
+    const Result early = run(t, 1);
+    CHECK(std::memcmp(late.c.data(), early.c.data(), late.c.size() * sizeof(float)) == 0);
+    emulation::run_at_wait = true;
+  }
+  CHECK(emulation::mma_count > 0);
+}
+
+TEST_CASE("wgmma kernels (emulated): exact k-step sums give fp32 accuracy too", "[wgmma]") {
+  emulation::fp32_one_at_a_time = false;
+  for (const Case& t : cases()) {
+    const Result r = run(t, 2);
+    INFO("op " << name(t.op_a) << name(t.op_b) << ", " << t.m << " x " << t.n << " x " << t.k
+               << ": max error / sum |terms| " << r.worst);
+    CHECK(r.worst <= 2e-6);
+  }
+  emulation::fp32_one_at_a_time = true;
+}
+
+TEST_CASE("wgmma kernels (emulated): a row's bits do not depend on how many rows the GEMM has", "[wgmma]") {
+  for (const Case& t : {Case{Op::N, Op::N, 200, 136, 100, 1, 1, Activation::tanh, 1.0f, 0.0f},
+                        Case{Op::N, Op::T, 200, 72, 68, 1, 2, Activation::relu, 1.0f, 0.0f},
+                        Case{Op::N, Op::N, 130, 256, 36, 1, 0, Activation::identity, 0.5f, 2.0f}}) {
+    Case fewer = t;
+    fewer.m = 33;
+    const Result all = run(t, 7), part = run(fewer, 7);
+    INFO("op " << name(t.op_a) << name(t.op_b) << ", " << t.m << " x " << t.n << " x " << t.k);
+    CHECK(std::memcmp(all.c.data(), part.c.data(), part.c.size() * sizeof(float)) == 0);
+  }
+}
