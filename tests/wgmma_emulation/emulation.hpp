@@ -12,7 +12,8 @@
 //   - asynchrony: an MMA runs when the wait_group that retires it is reached (the latest the hardware may read
 //     its operands) or, in the other mode, when it is issued (the earliest); a kernel whose stores race with
 //     its MMAs' reads gives different results in the two modes, or a data race under ThreadSanitizer.
-// Not modelled: the async proxy (fence.proxy.async is a no-op here), register fences, timing.
+// Not modelled: the async proxy (fence.proxy.async is a no-op here), register fences (beyond a
+// wgmma.fence before the first MMA), timing.
 #pragma once
 
 #include <atomic>
@@ -132,6 +133,7 @@ struct Mma {
 struct Warpgroup {
   std::vector<Mma> open;
   std::deque<std::vector<Mma>> committed;
+  bool fenced = false;  // a wgmma.fence since the thread began (PTX: required before its first wgmma)
 };
 inline thread_local Warpgroup warpgroup;
 
@@ -168,7 +170,7 @@ inline void execute(const Mma& op) {
 }
 
 inline void fence_proxy_async() {}
-inline void wgmma_fence() {}
+inline void wgmma_fence() { warpgroup.fenced = true; }
 template <int R>
 inline void fence_registers(float (&)[R]) {}
 inline void wgmma_commit() {
@@ -185,6 +187,7 @@ inline void wgmma_wait() {
 template <int R>
 inline void mma(float (&d)[R], std::uint64_t da, std::uint64_t db, int scale_d) {
   static_assert(R == 32 || R == 64, "m64n64k8 or m64n128k8");
+  if (!warpgroup.fenced) fail("a wgmma before any wgmma.fence");
   ++mma_count;
   const Mma op{d, R, da, db, scale_d};
   if (run_at_wait) {
