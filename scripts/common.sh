@@ -39,7 +39,7 @@ dpmlp_install_packages() {
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null
 }
 
-# dpmlp_configure_and_build <build dir> [extra cmake args...]
+# dpmlp_configure_and_build <build dir> [extra cmake args...]; DPMLP_BUILD_TARGET=<target>: build that one only.
 dpmlp_configure_and_build() {
   local dir="$1"; shift
   local args=(-S "$DPMLP_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE="$BUILD_TYPE")
@@ -48,6 +48,6 @@ dpmlp_configure_and_build() {
   if [ -n "${CMAKE_ARGS:-}" ]; then args+=(${CMAKE_ARGS}); fi
   log "configure: cmake ${args[*]} $*"
   cmake "${args[@]}" "$@"
-  log "build: $dir (-j$JOBS)"
-  cmake --build "$dir" -j "$JOBS"
+  log "build: $dir (-j$JOBS)${DPMLP_BUILD_TARGET:+, target $DPMLP_BUILD_TARGET}"
+  cmake --build "$dir" -j "$JOBS" ${DPMLP_BUILD_TARGET:+--target "$DPMLP_BUILD_TARGET"}
 }
