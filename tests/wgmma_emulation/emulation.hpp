@@ -12,8 +12,10 @@
 //   - asynchrony: an MMA runs when the wait_group that retires it is reached (the latest the hardware may read
 //     its operands) or, in the other mode, when it is issued (the earliest); a kernel whose stores race with
 //     its MMAs' reads gives different results in the two modes, or a data race under ThreadSanitizer.
-// Not modelled: the async proxy (fence.proxy.async is a no-op here), register fences (beyond a
-// wgmma.fence before the first MMA), timing.
+//   - the async proxy: a wgmma issued after a barrier that some thread reached with shared-memory stores it had
+//     not fenced (fence.proxy.async) is an error; so is one before the thread's first wgmma.fence.
+// Not modelled: register fences beyond that first wgmma.fence, whether all 128 threads issue the same MMAs
+// (.aligned), timing.
 #pragma once
 
 #include <atomic>
@@ -93,27 +95,38 @@ inline unsigned shared_address(const void* p) {
   return static_cast<unsigned>(c - window);
 }
 
-// The CTA barrier.
+// Whether this thread stored to shared memory (the kernels' store_split) since its last fence.proxy.async.
+inline thread_local bool unfenced_stores = false;
+
+// The CTA barrier. It also carries the async-proxy rule: shared memory that a thread stored is visible to
+// wgmma (the async proxy) after that thread's fence.proxy.async and then a barrier; unfenced() says whether
+// some thread arrived at the last barrier with stores it had not fenced.
 class Barrier {
  public:
   explicit Barrier(int count) : count_(count) {}
-  void arrive_and_wait() {
+  void arrive_and_wait(bool unfenced) {
     std::unique_lock<std::mutex> lock(mutex_);
     const long long phase = phase_;
+    any_unfenced_ = any_unfenced_ || unfenced;
     if (++arrived_ == count_) {
       arrived_ = 0;
+      unfenced_ = any_unfenced_;
+      any_unfenced_ = false;
       ++phase_;
       cv_.notify_all();
     } else {
       cv_.wait(lock, [&] { return phase_ != phase; });
     }
   }
+  bool unfenced() const { return unfenced_; }
 
  private:
   std::mutex mutex_;
   std::condition_variable cv_;
   int count_, arrived_ = 0;
   long long phase_ = 0;
+  bool any_unfenced_ = false;
+  std::atomic<bool> unfenced_{false};
 };
 inline Barrier* cta_barrier = nullptr;
 
@@ -136,15 +149,18 @@ struct Warpgroup {
   bool fenced = false;  // a wgmma.fence since the thread began (PTX: required before its first wgmma)
 };
 inline thread_local Warpgroup warpgroup;
+inline std::size_t smem_bytes = 0;  // the launch's dynamic shared memory
 
 // Element (row, k) of the 8-wide k-step a descriptor names, as the tensor cores read it (its top 19 bits).
 inline float operand(std::uint64_t desc, int row, int k) {
   const unsigned start = unsigned(desc & 0x3FFF) << 4, sbo = unsigned((desc >> 32) & 0x3FFF) << 4;
-  const unsigned base_offset = unsigned(desc >> 49) & 7, layout = unsigned(desc >> 62);
-  if (layout != 1 || base_offset != 0) fail("a descriptor of another layout than 128-byte swizzle, base offset 0");
+  const unsigned lbo = unsigned((desc >> 16) & 0x3FFF), base_offset = unsigned(desc >> 49) & 7;
+  const unsigned layout = unsigned(desc >> 62);
+  // The leading byte offset is unused with a swizzle and assumed 1 (CuTe's GmmaDescriptor).
+  if (layout != 1 || base_offset != 0 || lbo != 1) fail("a descriptor of another than the 128-byte swizzle form");
   unsigned b = start + (row / 8) * sbo + (row % 8) * 128 + k * 4;
   b ^= ((b >> 7) & 7) << 4;
-  if (b < smem_base || b + 4 > sizeof(window)) fail("a descriptor reads outside the CTA's shared memory");
+  if (b < smem_base || b + 4 > smem_base + smem_bytes) fail("a descriptor reads outside the CTA's shared memory");
   unsigned u;
   std::memcpy(&u, window + b, 4);
   return __uint_as_float(u & 0xffffe000u);
@@ -169,7 +185,8 @@ inline void execute(const Mma& op) {
   }
 }
 
-inline void fence_proxy_async() {}
+inline void fence_proxy_async() { unfenced_stores = false; }
+inline void note_generic_store() { unfenced_stores = true; }
 inline void wgmma_fence() { warpgroup.fenced = true; }
 template <int R>
 inline void fence_registers(float (&)[R]) {}
@@ -188,6 +205,7 @@ template <int R>
 inline void mma(float (&d)[R], std::uint64_t da, std::uint64_t db, int scale_d) {
   static_assert(R == 32 || R == 64, "m64n64k8 or m64n128k8");
   if (!warpgroup.fenced) fail("a wgmma before any wgmma.fence");
+  if (cta_barrier->unfenced()) fail("a wgmma after a barrier some thread reached with unfenced shared-memory stores");
   ++mma_count;
   const Mma op{d, R, da, db, scale_d};
   if (run_at_wait) {
@@ -202,6 +220,7 @@ inline void mma(float (&d)[R], std::uint64_t da, std::uint64_t db, int scale_d) 
 template <class Kernel, class P>
 void launch(Kernel kernel, dim3 grid, std::size_t bytes, cudaStream_t, const P& p) {
   if (bytes + smem_base > sizeof(window)) fail("more dynamic shared memory than a CTA has");
+  smem_bytes = bytes;
   Barrier barrier(128);
   cta_barrier = &barrier;
   std::vector<std::thread> threads;
@@ -211,12 +230,13 @@ void launch(Kernel kernel, dim3 grid, std::size_t bytes, cudaStream_t, const P& 
       for (unsigned y = 0; y < grid.y; ++y) {
         for (unsigned x = 0; x < grid.x; ++x) {
           if (t == 0) std::memset(smem, 0xFF, bytes);
-          barrier.arrive_and_wait();
+          unfenced_stores = false;
+          barrier.arrive_and_wait(false);
           blockIdx.x = x, blockIdx.y = y;
           warpgroup = Warpgroup();
           kernel(p);
           if (!warpgroup.open.empty() || !warpgroup.committed.empty()) fail("a thread ended with MMAs pending");
-          barrier.arrive_and_wait();
+          barrier.arrive_and_wait(false);
         }
       }
     });
@@ -231,4 +251,4 @@ struct Space {
 
 }  // namespace emulation
 
-inline void __syncthreads() { emulation::cta_barrier->arrive_and_wait(); }
+inline void __syncthreads() { emulation::cta_barrier->arrive_and_wait(emulation::unfenced_stores); }

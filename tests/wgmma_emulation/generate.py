@@ -45,6 +45,11 @@ def main():
         return text.replace(old, new)
 
     body = replace(body, "extern __shared__ char smem_raw[];", "char* const smem_raw = emulation::smem;", "smem")
+    # The split stores are the kernels' only generic-proxy writes to shared memory: record them, for the
+    # model's fence.proxy.async rule.
+    store = ("__device__ inline void store_split(float* hi, float* lo, int off, float x0, float x1, float x2, "
+             "float x3) {")
+    body = replace(body, store, store + "\n  emulation::note_generic_store();", "store_split")
     launch, n = re.subn(r"(gemm_kernel<BN, AK, BK, O>)<<<grid, 128, bytes, stream>>>\(p\);",
                         r"emulation::launch(\1, grid, bytes, stream, p);", launch)
     if n != 1 or "<<<" in launch:

@@ -68,7 +68,9 @@ Result run(const Case& t, unsigned seed) {
   for (std::int64_t i = 0; i < sb * t.batch; ++i) b.p[i] = normal(gb);
   for (int i = 0; i < t.n; ++i) bias.p[i] = normal(gbias);
   for (std::int64_t i = 0; i < c_size; ++i) y.p[i] = unit(gy);  // activations in [0, 1)
-  for (std::int64_t i = 0; i < c_size; ++i) c.p[i] = normal(gc);
+  // With beta 0 the old C is NaN: C is written, never read (BLAS's rule).
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (std::int64_t i = 0; i < c_size; ++i) c.p[i] = t.beta != 0.0f ? normal(gc) : nan;
   const std::vector<float> c_old(c.p, c.p + c_size);
   const std::int64_t off = at ? 1 : 0;
 
@@ -143,6 +145,8 @@ const std::vector<Case>& cases() {
       {Op::T, Op::N, 4, 64, 1, 1, 0, Activation::identity, 1.0f, 0.0f},
       {Op::T, Op::N, 132, 132, 33, 2, 0, Activation::identity, 1.0f, 0.0f},
       {Op::T, Op::N, 64, 128, 63, 1, 0, Activation::identity, 1.0f, 0.0f},
+      {Op::T, Op::N, 68, 72, 40, 2, 0, Activation::identity, -1.0f, 1.0f},
+      {Op::N, Op::N, 70, 64, 36, 2, 0, Activation::identity, 1.0f, 0.5f},  // a batch of whole GEMMs
       {Op::N, Op::N, 128, 512, 512, 1, 1, Activation::relu, 1.0f, 0.0f},
       {Op::N, Op::T, 100, 512, 512, 1, 2, Activation::identity, 1.0f, 0.0f},
   };
@@ -179,6 +183,35 @@ TEST_CASE("wgmma kernels (emulated): exact k-step sums give fp32 accuracy too", 
     CHECK(r.worst <= 2e-6);
   }
   emulation::fp32_one_at_a_time = true;
+}
+
+TEST_CASE("wgmma kernels (emulated): a block's bits do not depend on how many blocks the batch has", "[wgmma]") {
+  for (const Case& t : {Case{Op::T, Op::N, 36, 200, 100, 3, 0, Activation::identity, 1.0f, 0.0f},
+                        Case{Op::T, Op::N, 64, 64, 256, 4, 0, Activation::identity, 1.0f, 0.0f}}) {
+    Case one = t;
+    one.batch = 1;
+    const Result all = run(t, 5), first = run(one, 5);
+    INFO("op TN, " << t.m << " x " << t.n << " x " << t.k << ", batch " << t.batch);
+    CHECK(std::memcmp(all.c.data(), first.c.data(), first.c.size() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("wgmma kernels: batches of more than 65535 entries run in launches of at most 65535", "[wgmma]") {
+  dpmlp::linalg::BatchedGemm<float> g;
+  g.batch = 140000;
+  g.a = reinterpret_cast<const float*>(std::uintptr_t(1) << 20), g.stride_a = 16;
+  g.b = reinterpret_cast<const float*>(std::uintptr_t(1) << 30), g.stride_b = 32;
+  g.c = reinterpret_cast<float*>(std::uintptr_t(1) << 40), g.stride_c = 8;
+  std::vector<std::int64_t> firsts, sizes;
+  cu::detail::in_launch_chunks(g, [&](const dpmlp::linalg::BatchedGemm<float>& part, std::int64_t first) {
+    firsts.push_back(first);
+    sizes.push_back(part.batch);
+    CHECK(part.a == g.a + first * g.stride_a);
+    CHECK(part.b == g.b + first * g.stride_b);
+    CHECK(part.c == g.c + first * g.stride_c);
+  });
+  CHECK(firsts == std::vector<std::int64_t>{0, 65535, 131070});
+  CHECK(sizes == std::vector<std::int64_t>{65535, 65535, 8930});
 }
 
 TEST_CASE("wgmma kernels (emulated): a row's bits do not depend on how many rows the GEMM has", "[wgmma]") {
