@@ -6,9 +6,9 @@
 //     align their tiles themselves), filled with NaN before each CTA so a read of anything unstored shows;
 //   - wgmma.mma_async.m64nNk8.f32.tf32 with both operands in shared memory: the descriptor decoded (K-major,
 //     128-byte swizzle: element (row, k) of a k-step at start + (row / 8) SBO + (row % 8) 128 + 4 k bytes,
-//     address bits 4-6 XOR bits 7-9), each operand cut to its top 19 bits (TF32), the products exact, the
-//     thread's accumulator registers mapped as CuTe's CLayout_64xN maps them (not as the kernels' own
-//     wgmma_layout.hpp does, so a wrong map there shows);
+//     address bits 4-6 XOR bits 7-9), each operand cut to its top 19 bits (TF32), each MMA's sum cut toward
+//     zero as an H200 cuts it (accumulate()), the thread's accumulator registers mapped as CuTe's
+//     CLayout_64xN maps them (not as the kernels' own wgmma_layout.hpp does, so a wrong map there shows);
 //   - asynchrony: an MMA runs when the wait_group that retires it is reached (the latest the hardware may read
 //     its operands) or, in the other mode, when it is issued (the earliest); a kernel whose stores race with
 //     its MMAs' reads gives different results in the two modes, or a data race under ThreadSanitizer.
@@ -19,6 +19,7 @@
 #pragma once
 
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -130,11 +131,8 @@ class Barrier {
 };
 inline Barrier* cta_barrier = nullptr;
 
-// What the test chooses: MMAs run at the wait that retires them (true) or when issued; each k-step's eight
-// products summed in fp32 one at a time (true) or exactly and rounded once (both are "at least single
-// precision", as the PTX ISA specifies for .tf32 wgmma).
+// What the test chooses: MMAs run at the wait that retires them (true) or when issued.
 inline bool run_at_wait = true;
-inline bool fp32_one_at_a_time = true;
 inline std::atomic<long long> mma_count{0};
 
 struct Mma {
@@ -166,6 +164,23 @@ inline float operand(std::uint64_t desc, int row, int k) {
   return __uint_as_float(u & 0xffffe000u);
 }
 
+// One MMA's sum for one element: the accumulator and the eight (exact) TF32 products, each cut toward zero
+// to a multiple of 2^(e - 23 - guard_bits), e the largest term's exponent, added exactly, and the sum cut
+// to fp32 toward zero. An H200's results on crafted inputs fit this with 2 or more guard bits (1 + 7 x 2^-25
+// gives 1 + 2^-23; 1, then + 0.75 ulp, gives 1; 1, then - 0.25 ulp, gives 1 - 2^-24).
+inline int guard_bits = 2;
+inline float accumulate(const double (&terms)[9]) {
+  double big = 0;
+  for (double x : terms) big = std::max(big, std::fabs(x));
+  if (big == 0) return 0.0f;
+  const double quantum = std::ldexp(1.0, std::ilogb(big) - 23 - guard_bits);
+  double s = 0;
+  for (double x : terms) s += std::trunc(x / quantum) * quantum;
+  float r = static_cast<float>(s);
+  if (std::fabs(double(r)) > std::fabs(s)) r = std::nextafter(r, 0.0f);
+  return r;
+}
+
 // The calling thread's part of one MMA: accumulator register v of thread t is element (m, n) of the 64 x N
 // tile, m + 64 n = CuTe's CLayout_64xN: thread (4,8,4):(128,1,16), value (2,2,N/8):(64,8,512).
 inline void execute(const Mma& op) {
@@ -173,15 +188,10 @@ inline void execute(const Mma& op) {
   for (int v = 0; v < op.regs; ++v) {
     const int idx = 128 * (t % 4) + (t / 4) % 8 + 16 * (t / 32) + 64 * (v % 2) + 8 * ((v / 2) % 2) + 512 * (v / 4);
     const int m = idx % 64, n = idx / 64;
-    float acc = op.scale_d ? op.d[v] : 0.0f;
-    if (fp32_one_at_a_time) {
-      for (int k = 0; k < 8; ++k) acc += operand(op.da, m, k) * operand(op.db, n, k);
-    } else {
-      double s = acc;
-      for (int k = 0; k < 8; ++k) s += double(operand(op.da, m, k)) * double(operand(op.db, n, k));
-      acc = static_cast<float>(s);
-    }
-    op.d[v] = acc;
+    double terms[9];
+    terms[0] = op.scale_d ? op.d[v] : 0.0;
+    for (int k = 0; k < 8; ++k) terms[k + 1] = double(operand(op.da, m, k)) * double(operand(op.db, n, k));
+    op.d[v] = accumulate(terms);
   }
 }
 
