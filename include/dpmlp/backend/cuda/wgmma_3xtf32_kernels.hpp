@@ -6,8 +6,9 @@
 // 32 is loaded from global memory into registers, split into TF32 hi and lo parts (tf32::split) and stored to
 // shared memory in the K-major, 128-byte-swizzled layout wgmma reads (any operand layout: the split store
 // transposes where the operand is not K-contiguous), two stages deep. A k-tile's 12 MMAs (lo*hi, hi*lo, then
-// hi*hi, each over its four k-steps of 8) accumulate in the tile's fp32 accumulator: for .tf32 operands the
-// PTX ISA specifies accumulation in at least single precision, as for the mma.sync of CUTLASS's kernels. The
+// hi*hi, each over its four k-steps of 8) accumulate in the tile's fp32 accumulator. An H200 cuts each
+// wgmma's sum toward zero (the PTX ISA promises only "at least single precision"), so over a long k this
+// accumulator drifts past fp32 accuracy: the reason DPMLP_ENABLE_WGMMA stays off (docs/performance.md). The
 // MMAs run asynchronously: while a k-tile's are in flight, the threads split and store the next k-tile into
 // the other stage (free once every warp has seen the previous k-tile's MMAs done) and load the one after.
 //
