@@ -19,6 +19,7 @@
 
 #include "json_lite.hpp"
 #include "check_util.hpp"
+#include "gemm_reference.hpp"
 #include "mlp_reference.hpp"
 
 namespace {
@@ -861,13 +862,7 @@ namespace {
 // and beta on the old C), with the bias-and-activation or activation-gradient epilogue or none. Shapes that
 // are not multiples of any tile (m, n, k; batches of blocks whose C rows sit at odd offsets) reach every
 // predicate of the kernels; n >= 64 runs the wgmma kernels on a Hopper GPU, n < 64 CUTLASS's.
-struct OddGemm {
-  dpmlp::linalg::Op op_a, op_b;
-  int m, n, k, batch;
-  int epilogue;  // 0 none, 1 bias and activation, 2 activation gradient
-  dpmlp::Activation act;
-  float alpha, beta;
-};
+using OddGemm = dpmlp_test::EpilogueGemm;
 void check_odd_gemm(const OddGemm& t) {
   using dpmlp::linalg::Op;
   const bool at = t.op_a == Op::T, bt = t.op_b == Op::T;
@@ -902,42 +897,8 @@ void check_odd_gemm(const OddGemm& t) {
   auto hy = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), y);
   auto hc = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), c);
   const std::int64_t off = t.batch > 1 ? 1 : 0;
-  double worst = 0;  // |C - exact| / (the sum of |terms|): fp32 arithmetic allows a few ulps of it
-  for (int e = 0; e < t.batch; ++e) {
-    for (int i = 0; i < t.m; ++i) {
-      for (int j = 0; j < t.n; ++j) {
-        double s = 0, mag = 0;
-        for (int p = 0; p < t.k; ++p) {
-          const double x = ha(e * sa + (at ? std::int64_t(p) * t.m + i : std::int64_t(i) * t.k + p));
-          const double w = hb(e * sb + (bt ? std::int64_t(j) * t.k + p : std::int64_t(p) * t.n + j));
-          s += x * w, mag += std::abs(x * w);
-        }
-        const std::int64_t at_c = off + e * sc + std::int64_t(i) * t.n + j;
-        double want = t.alpha * s;
-        mag *= std::abs(t.alpha);
-        if (t.epilogue == 0 && t.beta != 0.0f) {
-          want += t.beta * double(c_old(at_c));
-          mag += std::abs(t.beta * double(c_old(at_c)));
-        }
-        if (t.epilogue == 1) {
-          want = double(dpmlp::detail::activate(t.act, float(want + hbias(j))));  // the activation of the fp32 sum
-          mag += std::abs(hbias(j));
-        }
-        // The derivative's own float rounding is allowed on top (1 - y * y, its product fused into the
-        // subtraction or not, is within 2^-24 of the exact value; near |y| = 1 that is far more, relative to
-        // the derivative, than the GEMM may err): the slack. The sum itself is held to fp64.
-        double slack = 0;
-        if (t.epilogue == 2) {
-          const double yv = hy(e * sc + std::int64_t(i) * t.n + j);
-          const double d = dpmlp::detail::activate_grad_from_output(t.act, yv);
-          slack = std::ldexp(std::abs(want), -23);
-          want *= d, mag *= std::abs(d);
-        }
-        const double err = std::max(0.0, std::abs(double(hc(at_c)) - want) - slack);
-        worst = std::max(worst, err / std::max(mag, 1e-30));
-      }
-    }
-  }
+  const double worst = dpmlp_test::epilogue_gemm_error(
+      t, {ha.data(), hb.data(), hbias.data(), hy.data(), c_old.data(), hc.data(), sa, sb, sc, off});
   INFO("op " << (at ? 'T' : 'N') << (bt ? 'T' : 'N') << ", " << t.m << " x " << t.n << " x " << t.k << ", batch "
              << t.batch << ", epilogue " << t.epilogue << ": max error / sum |terms| " << worst);
   CHECK(worst <= 2e-6);

@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 
 #include "emulated_kernels.hpp"
+#include "gemm_reference.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -26,13 +27,7 @@ using dpmlp::Activation;
 using dpmlp::linalg::Op;
 namespace cu = dpmlp::linalg::cutlass_3xtf32;
 
-struct Case {
-  Op op_a, op_b;
-  int m, n, k, batch;
-  int epilogue;  // 0 none, 1 bias and activation, 2 activation gradient
-  Activation act;
-  float alpha, beta;
-};
+using Case = dpmlp_test::EpilogueGemm;
 
 // Exactly `count` floats, 64-byte aligned: an address sanitizer sees any read past the end.
 struct Buffer {
@@ -88,40 +83,7 @@ Result run(const Case& t, unsigned seed) {
 
   Result r;
   std::vector<char> inside(c_size, 0);
-  for (int be = 0; be < t.batch; ++be) {
-    for (int i = 0; i < t.m; ++i) {
-      for (int j = 0; j < t.n; ++j) {
-        double s = 0, mag = 0;
-        for (int p = 0; p < t.k; ++p) {
-          const double x = a.p[be * sa + (at ? std::int64_t(p) * t.m + i : std::int64_t(i) * t.k + p)];
-          const double w = b.p[be * sb + (bt ? std::int64_t(j) * t.k + p : std::int64_t(p) * t.n + j)];
-          s += x * w, mag += std::abs(x * w);
-        }
-        const std::int64_t at_c = off + be * sc + std::int64_t(i) * t.n + j;
-        inside[at_c] = 1;
-        double want = t.alpha * s;
-        mag *= std::abs(t.alpha);
-        if (t.epilogue == 0 && t.beta != 0.0f) {
-          want += t.beta * double(c_old[at_c]);
-          mag += std::abs(t.beta * double(c_old[at_c]));
-        }
-        if (t.epilogue == 1) {
-          want = double(dpmlp::detail::activate(t.act, float(want + bias.p[j])));  // the activation of the fp32 sum
-          mag += std::abs(bias.p[j]);
-        }
-        // The derivative's float rounding (within 2^-24 of the exact 1 - y * y) is allowed on top: the slack.
-        double slack = 0;
-        if (t.epilogue == 2) {
-          const double yv = y.p[be * sc + std::int64_t(i) * t.n + j];
-          const double d = dpmlp::detail::activate_grad_from_output(t.act, yv);
-          slack = std::ldexp(std::abs(want), -23);
-          want *= d, mag *= std::abs(d);
-        }
-        const double err = std::max(0.0, std::abs(double(c.p[at_c]) - want) - slack) / std::max(mag, 1e-30);
-        r.worst = std::isnan(err) ? std::numeric_limits<double>::infinity() : std::max(r.worst, err);
-      }
-    }
-  }
+  r.worst = dpmlp_test::epilogue_gemm_error(t, {a.p, b.p, bias.p, y.p, c_old.data(), c.p, sa, sb, sc, off}, &inside);
   for (std::int64_t i = 0; i < c_size; ++i) {
     if (!inside[i] && std::memcmp(&c.p[i], &c_old[i], sizeof(float)) != 0) ++r.stray;
   }

@@ -1,0 +1,80 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The fp64 reference of one batched GEMM with dpmlp's fused epilogues, for the tests of the GPU GEMM kernels:
+// test_mlp's cutlass cases (on the GPU) and test_wgmma_emulated (the wgmma kernels on a host model).
+#pragma once
+
+#include <dpmlp/activation.hpp>
+#include <dpmlp/linalg/gemm.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace dpmlp_test {
+
+// C = alpha op(A) op(B) (+ beta C), or with the bias-and-activation or activation-gradient epilogue.
+struct EpilogueGemm {
+  dpmlp::linalg::Op op_a, op_b;
+  int m, n, k, batch;
+  int epilogue;  // 0 none, 1 bias and activation, 2 activation gradient
+  dpmlp::Activation act;
+  float alpha, beta;
+};
+
+// Host copies of the operands: batch entry e's A at a + e sa (m x k, or k x m for op T), B at b + e sb (k x n,
+// or n x k for op T), element (i, j) of C at c[off + e sc + i n + j], of the old C at c_old[the same], of Y
+// (the activation gradient's source) at y[e sc + i n + j].
+struct EpilogueGemmData {
+  const float *a, *b, *bias, *y, *c_old, *c;
+  std::int64_t sa, sb, sc, off;
+};
+
+// The largest |C - exact| / (the sum of |terms|) over every element, infinity where C is NaN: fp32 arithmetic
+// allows a few ulps of it. The activation gradient's derivative may carry its own float rounding on top (1 -
+// y * y, its product fused into the subtraction or not, is within 2^-24 of the exact value; near |y| = 1
+// that is far more, relative to the derivative, than the GEMM may err): only the sum is held to fp64.
+// `inside`, if given (sized like C's buffer), gets a 1 at each element of C.
+inline double epilogue_gemm_error(const EpilogueGemm& t, const EpilogueGemmData& d,
+                                  std::vector<char>* inside = nullptr) {
+  using dpmlp::linalg::Op;
+  const bool at = t.op_a == Op::T, bt = t.op_b == Op::T;
+  double worst = 0;
+  for (int e = 0; e < t.batch; ++e) {
+    for (int i = 0; i < t.m; ++i) {
+      for (int j = 0; j < t.n; ++j) {
+        double s = 0, mag = 0;
+        for (int p = 0; p < t.k; ++p) {
+          const double x = d.a[e * d.sa + (at ? std::int64_t(p) * t.m + i : std::int64_t(i) * t.k + p)];
+          const double w = d.b[e * d.sb + (bt ? std::int64_t(j) * t.k + p : std::int64_t(p) * t.n + j)];
+          s += x * w, mag += std::abs(x * w);
+        }
+        const std::int64_t at_c = d.off + e * d.sc + std::int64_t(i) * t.n + j;
+        if (inside != nullptr) (*inside)[at_c] = 1;
+        double want = t.alpha * s;
+        mag *= std::abs(t.alpha);
+        if (t.epilogue == 0 && t.beta != 0.0f) {
+          want += t.beta * double(d.c_old[at_c]);
+          mag += std::abs(t.beta * double(d.c_old[at_c]));
+        }
+        if (t.epilogue == 1) {
+          want = double(dpmlp::detail::activate(t.act, float(want + d.bias[j])));  // the activation of the fp32 sum
+          mag += std::abs(d.bias[j]);
+        }
+        double slack = 0;
+        if (t.epilogue == 2) {
+          const double yv = d.y[e * d.sc + std::int64_t(i) * t.n + j];
+          const double g = dpmlp::detail::activate_grad_from_output(t.act, yv);
+          slack = std::ldexp(std::abs(want), -23);
+          want *= g, mag *= std::abs(g);
+        }
+        const double err = std::max(0.0, std::abs(double(d.c[at_c]) - want) - slack) / std::max(mag, 1e-30);
+        worst = std::isnan(err) ? std::numeric_limits<double>::infinity() : std::max(worst, err);
+      }
+    }
+  }
+  return worst;
+}
+
+}  // namespace dpmlp_test
