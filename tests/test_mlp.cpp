@@ -671,6 +671,38 @@ TEST_CASE("deep models: value_and_grad matches the fp64 reference, every GEMM pa
   check_against_reference({{8, 16, 16, 1}, dpmlp::Activation::tanh, 67585}, o, gen);
 }
 
+TEST_CASE("split operands: value_and_grad matches the fp64 reference, split and unsplit GEMMs mixed", "[mlp][deep][split]") {
+  // Split GEMMs need k in whole tiles of 32 (linalg/split_gemm.hpp); the others run the plan's GEMM and write
+  // the lo parts a split GEMM after them reads in a pass of their own. [32,48,64,32,2]: layer 0 split with no
+  // lo out, layer 1 unsplit writing lo for layer 2; the output delta's GEMM unsplit writing lo for the split
+  // delta GEMMs below. [32,64,32]: the loss's output deltas read by a split GEMM. Where the lo parts a GEMM
+  // reads were stale or missing, its products would be TF32's (relative error ~1e-4), not fp32's.
+  const std::vector<Problem> problems = {
+      {{32, 64, 64, 64, 1}, dpmlp::Activation::relu, 700},
+      {{32, 48, 64, 32, 2}, dpmlp::Activation::tanh, 333},
+      {{32, 64, 32}, dpmlp::Activation::relu, 200},
+      {{16, 96, 96, 4}, dpmlp::Activation::identity, 250},
+  };
+  std::mt19937 gen(13);
+  for (const auto& pr : problems) {
+    for (std::int64_t block : {std::int64_t(0), std::int64_t(64)}) {
+      dpmlp::EngineOptions o;
+      o.split_operands = dpmlp::Toggle::on;
+      o.block_rows = block;
+      const auto plan = plan_or_none(dpmlp::Mlp<float, Memory>(pr.widths, pr.act), pr.rows, o);
+      REQUIRE(plan);
+      CHECK(plan->gemm_split);
+      CHECK(plan->engine == dpmlp::Engine::layered);
+      check_against_reference(pr, o, gen);
+    }
+  }
+  dpmlp::EngineOptions tensor;
+  tensor.engine = dpmlp::Engine::fused;
+  tensor.split_operands = dpmlp::Toggle::on;
+  CHECK_THAT(dpmlp_test::refusal([&] { BlockEngine::plan(dpmlp::Mlp<float, Memory>({8, 16, 1}), tensor, true, 100, 1); }),
+             Catch::Matchers::Contains("split operands are the layered engine's float GEMMs"));
+}
+
 TEST_CASE("tensor engine, deep kernel: value_and_grad matches the fp64 reference", "[mlp][deep][tensor]") {
   // Two to four hidden layers at 32 padded inputs, two and three at 64 (its five instantiations); hidden
   // layers narrower than 64 units; one to four outputs; every activation; blocks of the default size, of fewer

@@ -27,6 +27,7 @@
 #include "dpmlp/errors.hpp"
 #include "dpmlp/kokkos_compat.hpp"
 #include "dpmlp/linalg/gemm.hpp"
+#include "dpmlp/linalg/split_gemm.hpp"
 #include "dpmlp/loss.hpp"
 #include "dpmlp/mlp.hpp"
 
@@ -124,6 +125,7 @@ class BlockEngine {
     delta_[1] = matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::delta1"), rows, widest);
     row_scratch_ = Kokkos::View<Scalar*, memory_space>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::rows"),
                                                        rows);
+    if (plan_.gemm_split) init_split(widest);
     // The gradients beside the delta chain (compute()), where the GEMMs can run on two streams at once:
     // not the cuBLAS backend, whose handle's workspace is shared by every stream.
     if (!is_host_space<ExecSpace>() && plan_.gemm != linalg::Backend::cublas) {
@@ -147,7 +149,10 @@ class BlockEngine {
       if constexpr (tensor_space) c.tensor_unavailable = backend::tensor_cores_unavailable();
       if (c.tensor_unavailable.empty() && !tensor_loss) c.tensor_unavailable = tensor_loss_unavailable();
 #if defined(DPMLP_HAVE_CUTLASS)
-      if constexpr (std::is_same_v<Scalar, float>) c.cutlass_on_wgmma = linalg::cutlass_3xtf32::wgmma_here();
+      if constexpr (std::is_same_v<Scalar, float>) {
+        c.cutlass_on_wgmma = linalg::cutlass_3xtf32::wgmma_here();
+        c.split_operands = linalg::split_3xtf32::runs_here();
+      }
 #endif
     }
 #endif
@@ -264,6 +269,7 @@ class BlockEngine {
   bool forward(const ExecSpace& space, const const_matrix& x, const Then& then) const {
     const_matrix in = x;
     bool then_done = false;
+    const bool x_split = split_ && prepare_split(space, x);
     for (int l = 0; l < model_.layers(); ++l) {
       const int n_in = model_.widths()[l], n_out = model_.widths()[l + 1];
       const matrix out = acts_[l];
@@ -275,18 +281,38 @@ class BlockEngine {
         in = out;
         continue;
       }
-      // The bias and the activation in the GEMM's pass where the backend can.
-      const bool added = rows_gemm(space, linalg::Op::N, n_out, n_in, in.data(), n_in, model_.weight(l).data(), n_out,
-                                   out.data(), n_out, Fuse::bias_activation, model_.bias(l).data(), 0, act);
-      if (!added) {
-        const auto bias = model_.bias(l);
-        for_each_element(space, "dpmlp::bias_activation", rows_, n_out, KOKKOS_LAMBDA(const std::int64_t r, const int j) {
-          out(r, j) = activate(act, out(r, j) + bias(j));
-        });
+      if (split_) {
+        // The lo parts of this layer's outputs where the next layer's GEMM reads them.
+        Scalar* out_lo = last || !fwd_split_[l + 1] ? nullptr : acts_lo_[l].data();
+        if (fwd_split_[l] && (l > 0 || x_split)) {
+          split_rows_gemm(space, static_cast<int>(rows_), n_out, n_in, in.data(), l == 0 ? x_lo_.data() : acts_lo_[l - 1].data(),
+                          n_in, b_split_.data() + fwd_b_off_[l], out.data(), out_lo, n_out,
+                          linalg::SplitEpilogue::bias_activation, model_.bias(l).data(), 0, act);
+        } else {
+          forward_gemm(space, l, in.data(), out, act);
+          if (out_lo != nullptr) lo_parts(space, out.data(), n_out, n_out, out_lo);
+        }
+        in = out;
+        continue;
       }
+      forward_gemm(space, l, in.data(), out, act);
       in = out;
     }
     return then_done;
+  }
+
+  // Layer l's GEMM and its bias and activation, Out = act(In W_l + b_l): in the GEMM's pass where the backend
+  // can, else in an element-wise kernel after it.
+  void forward_gemm(const ExecSpace& space, int l, const Scalar* in, const matrix& out, Activation act) const {
+    const int n_in = model_.widths()[l], n_out = model_.widths()[l + 1];
+    const bool added = rows_gemm(space, linalg::Op::N, n_out, n_in, in, n_in, model_.weight(l).data(), n_out,
+                                 out.data(), n_out, Fuse::bias_activation, model_.bias(l).data(), 0, act);
+    if (!added) {
+      const auto bias = model_.bias(l);
+      for_each_element(space, "dpmlp::bias_activation", rows_, n_out, KOKKOS_LAMBDA(const std::int64_t r, const int j) {
+        out(r, j) = activate(act, out(r, j) + bias(j));
+      });
+    }
   }
 
   // Forward and backward: fills partials() with, per block (per group of group() blocks), the gradient of
@@ -340,6 +366,7 @@ class BlockEngine {
     if (!forward(space, x, residual)) {
       Kokkos::parallel_for("dpmlp::residual", Kokkos::RangePolicy<ExecSpace>(space, 0, rows), residual);
     }
+    if (split_ && L > 1 && bwd_split_[L - 1]) lo_parts(space, delta.data(), delta.extent(1), n_out, delta_lo_[(L - 1) % 2].data());
     // A layer's gradients (which read its deltas) and the loss's block sums run on the side queue, beside the
     // delta chain on `space` (backend/side_stream.hpp). At each layer the two queues meet (fork, then join):
     // the side queue's gradients of layer l then follow its deltas, and, as the deltas alternate between two
@@ -360,9 +387,11 @@ class BlockEngine {
       // Few outputs (the output layer) below another layer: its weight gradient and the delta below in one
       // pass over A_{l-1} (narrow_backward).
       const bool narrow = l > 0 && narrow_delta(n_o);
+      // The lo parts of delta_{l-1} where the delta GEMM of layer l - 1 reads them.
+      Scalar* dn_lo = split_ && l > 1 && bwd_split_[l - 1] ? delta_lo_[(l - 1) % 2].data() : nullptr;
       if (narrow) {
         narrow_backward(space, n_in, n_o, a_prev, d.data(), ld_d, model_.weight(l).data(), dn.data(), ld_dn, act,
-                        static_cast<std::int64_t>(model_.weight_offset(l)));
+                        static_cast<std::int64_t>(model_.weight_offset(l)), dn_lo);
       } else {
         // dW_l[block] = A_{l-1}[block]^T * delta_l[block]  (n_in x n_o, summed over the block's rows)
         blocked_weight_grad(grads, n_in, n_o, a_prev, d.data(), ld_d, model_.weight_offset(l));
@@ -375,6 +404,12 @@ class BlockEngine {
       if (narrow) continue;
       // delta_{l-1} = (delta_l * W_l^T) .* act'(A_{l-1})
       const auto a = acts_[l - 1];
+      if (split_ && bwd_split_[l]) {
+        split_rows_gemm(space, static_cast<int>(rows), n_in, n_o, d.data(), delta_lo_[l % 2].data(), ld_d,
+                        b_split_.data() + bwd_b_off_[l], dn.data(), dn_lo, ld_dn, linalg::SplitEpilogue::activation_grad,
+                        a.data(), n_in, act);
+        continue;
+      }
       const bool fused = rows_gemm(space, linalg::Op::T, n_in, n_o, d.data(), ld_d, model_.weight(l).data(), n_o,
                                    dn.data(), ld_dn, Fuse::activation_grad, a.data(), n_in, act);
       if (!fused) {
@@ -382,6 +417,7 @@ class BlockEngine {
           dn(r, i) *= activate_grad_from_output(act, a(r, i));
         });
       }
+      if (dn_lo != nullptr) lo_parts(space, dn.data(), ld_dn, n_in, dn_lo);
     }
     side.join(space);
   }
@@ -594,19 +630,22 @@ class BlockEngine {
   // The team layout and the sums' order are block_column_sums': a team a block and C columns, each column's
   // rows split over the lanes, each lane in row order, the lanes combined by a fixed pairwise tree; so a
   // block's bits depend on its rows alone.
+  // dn_lo: where set, the lo parts of dn too (split operands: the next delta GEMM reads them).
   void narrow_backward(const ExecSpace& space, int n_in, int n_o, const Scalar* a, const Scalar* d, int ld_d,
-                       const Scalar* w, Scalar* dn, int ld_dn, Activation act, std::int64_t off) const {
+                       const Scalar* w, Scalar* dn, int ld_dn, Activation act, std::int64_t off,
+                       Scalar* dn_lo = nullptr) const {
     switch (n_o) {
-      case 1: narrow_backward_n<1>(space, n_in, a, d, ld_d, w, dn, ld_dn, act, off); break;
-      case 2: narrow_backward_n<2>(space, n_in, a, d, ld_d, w, dn, ld_dn, act, off); break;
-      case 3: narrow_backward_n<3>(space, n_in, a, d, ld_d, w, dn, ld_dn, act, off); break;
-      default: narrow_backward_n<4>(space, n_in, a, d, ld_d, w, dn, ld_dn, act, off); break;
+      case 1: narrow_backward_n<1>(space, n_in, a, d, ld_d, w, dn, ld_dn, act, off, dn_lo); break;
+      case 2: narrow_backward_n<2>(space, n_in, a, d, ld_d, w, dn, ld_dn, act, off, dn_lo); break;
+      case 3: narrow_backward_n<3>(space, n_in, a, d, ld_d, w, dn, ld_dn, act, off, dn_lo); break;
+      default: narrow_backward_n<4>(space, n_in, a, d, ld_d, w, dn, ld_dn, act, off, dn_lo); break;
     }
   }
 
   template <int NO>
   void narrow_backward_n(const ExecSpace& space, int n_in, const Scalar* a, const Scalar* d, int ld_d,
-                         const Scalar* w, Scalar* dn, int ld_dn, Activation act, std::int64_t off) const {
+                         const Scalar* w, Scalar* dn, int ld_dn, Activation act, std::int64_t off,
+                         Scalar* dn_lo) const {
     const matrix part = partials_;
     const std::int64_t block = plan_.block_rows, rows = rows_;
     constexpr int U = 8;  // rows a lane loads before it stores
@@ -634,7 +673,9 @@ class BlockEngine {
             s += dr[j] * wi[j];
             acc[j] += ar * dr[j];
           }
-          dn[r * ld_dn + i] = s * activate_grad_from_output(act, ar);
+          const Scalar v = s * activate_grad_from_output(act, ar);
+          dn[r * ld_dn + i] = v;
+          if (dn_lo != nullptr) dn_lo[r * ld_dn + i] = lo_part(v);
         };
         std::int64_t r = b * block + wl;
         for (; r + (U - 1) * lanes < end; r += U * lanes) {
@@ -779,6 +820,145 @@ class BlockEngine {
     return false;
   }
 
+  // ---- Split operands (plan_.gemm_split, float; linalg/split_gemm.hpp). fwd_split_[l]: layer l's forward
+  // GEMM runs split (k = its inputs in whole tiles; not a narrow layer); bwd_split_[l]: the delta GEMM of
+  // layer l (delta_{l-1} from delta_l, k = its outputs) does. A split GEMM's A comes with its lo parts, written
+  // by whatever wrote A: the GEMM before it (its epilogue), narrow_backward, or lo_parts after an element-wise
+  // kernel; the data's in prepare_split, with every split GEMM's B' from this step's weights.
+
+  void init_split(int widest) {
+    if constexpr (std::is_same_v<Scalar, float>) {
+      if (rows_ > INT_MAX) throw InputError("dpmlp: split operands take at most 2^31 - 1 rows a rank");
+      const int L = model_.layers();
+      const auto& w = model_.widths();
+      const auto whole_tiles = [](int k) { return k % linalg::split_tile_k == 0; };
+      split_ = true;
+      fwd_split_.assign(static_cast<std::size_t>(L), 0);
+      bwd_split_.assign(static_cast<std::size_t>(L), 0);
+      fwd_b_off_.assign(static_cast<std::size_t>(L), 0);
+      bwd_b_off_.assign(static_cast<std::size_t>(L), 0);
+      std::vector<linalg::SplitWeights> segs;
+      std::vector<std::int64_t> starts, seg_off;
+      std::int64_t total = 0, elements = 0;
+      for (int l = 0; l < L; ++l) {
+        const std::size_t i = static_cast<std::size_t>(l);
+        const int n_in = w[i], n_out = w[i + 1];
+        fwd_split_[i] = whole_tiles(n_in) && !narrow_delta(n_out);
+        bwd_split_[i] = l > 0 && whole_tiles(n_out) && !narrow_delta(n_out) && widest % 4 == 0;
+        for (const bool delta : {false, true}) {
+          if (!(delta ? bwd_split_[i] : fwd_split_[i])) continue;
+          linalg::SplitWeights sw;
+          sw.w = model_.weight(l).data();
+          sw.k = delta ? n_out : n_in;
+          sw.n = delta ? n_in : n_out;
+          sw.transposed = delta;
+          (delta ? bwd_b_off_ : fwd_b_off_)[i] = total;
+          seg_off.push_back(total);
+          total += 3 * sw.size();
+          starts.push_back(elements);
+          elements += sw.size();
+          segs.push_back(sw);
+        }
+      }
+      b_split_ = Kokkos::View<Scalar*, memory_space>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::b_split"),
+                                                     static_cast<std::size_t>(total));
+      for (std::size_t j = 0; j < segs.size(); ++j) segs[j].b_split = b_split_.data() + seg_off[j];
+      starts.push_back(elements);
+      split_elements_ = elements;
+      split_segments_ = Kokkos::View<linalg::SplitWeights*, memory_space>("dpmlp::split_segments", segs.size());
+      split_starts_ = Kokkos::View<std::int64_t*, memory_space>("dpmlp::split_starts", starts.size());
+      {
+        auto hs = Kokkos::create_mirror_view(split_segments_);
+        auto ht = Kokkos::create_mirror_view(split_starts_);
+        for (std::size_t j = 0; j < segs.size(); ++j) hs(j) = segs[j];
+        for (std::size_t j = 0; j < starts.size(); ++j) ht(j) = starts[j];
+        Kokkos::deep_copy(split_segments_, hs);
+        Kokkos::deep_copy(split_starts_, ht);
+      }
+      const auto alloc = [&](const char* label, std::int64_t cols) {
+        return matrix(Kokkos::view_alloc(Kokkos::WithoutInitializing, std::string(label)), rows_, cols);
+      };
+      if (fwd_split_[0]) x_lo_ = alloc("dpmlp::x_lo", w[0]);
+      acts_lo_.resize(static_cast<std::size_t>(L));
+      for (int l = 0; l + 1 < L; ++l) {
+        if (fwd_split_[static_cast<std::size_t>(l) + 1]) acts_lo_[static_cast<std::size_t>(l)] = alloc("dpmlp::activations_lo", w[static_cast<std::size_t>(l) + 1]);
+      }
+      if (std::find(bwd_split_.begin(), bwd_split_.end(), 1) != bwd_split_.end()) {
+        delta_lo_[0] = alloc("dpmlp::delta0_lo", widest);
+        delta_lo_[1] = alloc("dpmlp::delta1_lo", widest);
+      }
+    } else {
+      (void)widest;
+      throw InputError("dpmlp: split operands are the layered engine's float GEMMs");
+    }
+  }
+
+  // Once a forward pass: every split GEMM's B' from the weights as they are now, and the data's lo parts where
+  // layer 0's GEMM runs split; one kernel. Returns whether layer 0's GEMM runs split (x's buffer aligned for it).
+  bool prepare_split(const ExecSpace& space, const const_matrix& x) const {
+    if constexpr (std::is_same_v<Scalar, float>) {
+      const int n_in = model_.inputs();
+      const bool x_split = fwd_split_[0] && rows_ > 0 && x.span_is_contiguous() &&
+                           linalg::split_takes(n_in, x.data(), x_lo_.data(), n_in);
+      const std::int64_t x_count = x_split ? rows_ * n_in : 0;
+      const std::int64_t total = x_count + split_elements_;
+      if (total == 0) return x_split;
+      const float* xp = x.data();
+      float* x_lo = x_lo_.data();
+      const auto segs = split_segments_;
+      const auto starts = split_starts_;
+      const int last = static_cast<int>(segs.extent(0)) - 1;
+      Kokkos::parallel_for("dpmlp::split_prepare", Kokkos::RangePolicy<ExecSpace>(space, 0, total),
+                           KOKKOS_LAMBDA(const std::int64_t i) {
+                             if (i < x_count) {
+                               x_lo[i] = linalg::tf32_lo(xp[i]);
+                               return;
+                             }
+                             const std::int64_t e = i - x_count;
+                             int s = 0;
+                             while (s < last && e >= starts(s + 1)) ++s;
+                             segs(s)(e - starts(s));
+                           });
+      return x_split;
+    } else {
+      (void)space, (void)x;
+      return false;
+    }
+  }
+
+  // C = In (rows x k, ld_in) B (B' at b_split) with the epilogue, over all the rows in one split GEMM; C_lo
+  // where out_lo is set.
+  void split_rows_gemm(const ExecSpace& space, int rows, int n, int k, const Scalar* in, const Scalar* in_lo,
+                       std::int64_t ld_in, const Scalar* b_split, Scalar* out, Scalar* out_lo, std::int64_t ld_out,
+                       linalg::SplitEpilogue epilogue, const Scalar* src, std::int64_t ld_src, Activation act) const {
+    if constexpr (std::is_same_v<Scalar, float>) {
+      linalg::SplitGemm g;
+      g.m = rows, g.n = n, g.k = k;
+      g.a = in, g.a_lo = in_lo, g.lda = ld_in;
+      g.b_split = b_split;
+      g.c = out, g.c_lo = out_lo, g.ldc = ld_out;
+      g.epilogue = epilogue, g.src = src, g.src_ld = ld_src, g.act = act;
+      linalg::split_gemm(space, g);
+    } else {
+      (void)space, (void)rows, (void)n, (void)k, (void)in, (void)in_lo, (void)ld_in, (void)b_split, (void)out;
+      (void)out_lo, (void)ld_out, (void)epilogue, (void)src, (void)ld_src, (void)act;
+    }
+  }
+
+  // lo[r][j] = tf32_lo(a[r][j]) for the shard's rows, cols columns, leading dimension ld (both).
+  void lo_parts(const ExecSpace& space, const Scalar* a, std::int64_t ld, int cols, Scalar* lo) const {
+    for_each_element(space, "dpmlp::lo_parts", rows_, cols,
+                     KOKKOS_LAMBDA(const std::int64_t r, const int j) { lo[r * ld + j] = lo_part(a[r * ld + j]); });
+  }
+  static KOKKOS_INLINE_FUNCTION Scalar lo_part(Scalar v) {
+    if constexpr (std::is_same_v<Scalar, float>) {
+      return linalg::tf32_lo(v);
+    } else {
+      (void)v;
+      return Scalar(0);
+    }
+  }
+
   // partials[b][off .. off + n_in*n_o) = A[block b]^T * D[block b]
   void blocked_weight_grad(const ExecSpace& space, int n_in, int n_o, const Scalar* a, const Scalar* d, int ld_d,
                            std::size_t off) const {
@@ -823,6 +1003,17 @@ class BlockEngine {
   matrix delta_[2];
   Kokkos::View<Scalar*, memory_space> row_scratch_;
   backend::SideStream<ExecSpace> side_;  // the layered engine's gradients on device spaces (compute())
+  // Split operands (init_split)
+  bool split_ = false;
+  std::vector<char> fwd_split_, bwd_split_;
+  std::vector<std::int64_t> fwd_b_off_, bwd_b_off_;  // where each split GEMM's B' starts in b_split_
+  Kokkos::View<Scalar*, memory_space> b_split_;
+  Kokkos::View<linalg::SplitWeights*, memory_space> split_segments_;  // prepare_split's work: one a B'
+  Kokkos::View<std::int64_t*, memory_space> split_starts_;          // and where each starts (elements of W)
+  std::int64_t split_elements_ = 0;
+  matrix x_lo_;                   // where fwd_split_[0]
+  std::vector<matrix> acts_lo_;   // [l] where fwd_split_[l + 1]
+  matrix delta_lo_[2];            // where any bwd_split_
 };
 
 }  // namespace detail

@@ -1,0 +1,5 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The split-operand 3xTF32 GEMMs (include/dpmlp/backend/cuda/split_3xtf32_kernels.hpp), compiled once for
+// sm_90a into dpmlp_cuda_kernels; linalg::split_gemm() calls them on compute capability 9.0.
+#define DPMLP_SPLIT3_KERNELS_HERE 1
+#include "dpmlp/backend/cuda/split_3xtf32_kernels.hpp"
