@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// The dpmlp_cuda_kernels library: dpmlp's CUDA kernels (the tensor engine and the CUTLASS 3xTF32 GEMMs),
-// compiled once behind their two entry points, so that a translation unit that trains compiles none of them
+// The dpmlp_cuda_kernels library: dpmlp's CUDA kernels (the tensor engine, the CUTLASS 3xTF32 GEMMs and the
+// entry of the split-operand GEMMs), compiled once behind their entry points, so that a translation unit that trains compiles none of them
 // (dpmlp/backend/cuda/entry.hpp). Built by CMake on CUDA builds; consumers reach it through dpmlp::dpmlp.
 #define DPMLP_CUDA_KERNELS_DEFINE 1
 
@@ -12,3 +12,4 @@
 
 #include "dpmlp/backend/cuda/tensor_engine.hpp"
 #include "dpmlp/linalg/gemm.hpp"
+#include "dpmlp/linalg/split_gemm.hpp"

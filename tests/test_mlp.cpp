@@ -938,6 +938,122 @@ void check_odd_gemm(const OddGemm& t) {
 }  // namespace
 #endif
 
+namespace {
+struct SplitCase {
+  int m, n, k;
+  bool transposed;  // B = W^T, W stored n x k (the delta's layout)
+  dpmlp::linalg::SplitEpilogue epilogue;
+  dpmlp::Activation act;
+};
+
+// The split GEMM of `t` (on this space's kernels: Hopper's on an H100/H200 built with them, else the portable
+// form) against an fp64 product: each element within 2e-6 of the sum of its terms' magnitudes, C_lo the lo
+// parts of C bitwise; and its first rows alone (another kernel on a GPU, below 16384 rows) give those rows'
+// bits.
+void check_split_gemm(const SplitCase& t, std::mt19937& gen) {
+  namespace la = dpmlp::linalg;
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int m = t.m, n = t.n, k = t.k;
+  const auto rand_view = [&](const char* label, std::int64_t count, float scale) {
+    Kokkos::View<float*, Memory> v(std::string(label), static_cast<std::size_t>(count));
+    auto h = Kokkos::create_mirror_view(v);
+    for (std::int64_t i = 0; i < count; ++i) h(i) = scale * nd(gen);
+    Kokkos::deep_copy(v, h);
+    return v;
+  };
+  const auto a = rand_view("a", std::int64_t(m) * k, 1.0f);
+  const auto w = rand_view("w", std::int64_t(k) * n, 1.0f / std::sqrt(float(k)));
+  const auto src = rand_view("src", t.epilogue == la::SplitEpilogue::activation_grad ? std::int64_t(m) * n : n, 0.5f);
+  auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
+  auto hw = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), w);
+  auto hsrc = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), src);
+  Kokkos::View<float*, Memory> a_lo("a_lo", a.extent(0)), bp("b_split", std::size_t(3) * k * n);
+  {
+    auto h = Kokkos::create_mirror_view(a_lo);
+    for (std::size_t i = 0; i < h.extent(0); ++i) h(i) = la::tf32_lo(ha(i));
+    Kokkos::deep_copy(a_lo, h);
+  }
+  la::SplitWeights sw;
+  sw.w = w.data(), sw.k = k, sw.n = n, sw.transposed = t.transposed, sw.b_split = bp.data();
+  Kokkos::parallel_for("split_weights", Kokkos::RangePolicy<Space>(0, sw.size()), sw);
+  const auto run = [&](int rows) {
+    Kokkos::View<float*, Memory> c("c", std::size_t(rows) * n), c_lo("c_lo", std::size_t(rows) * n);
+    la::SplitGemm g;
+    g.m = rows, g.n = n, g.k = k, g.a = a.data(), g.a_lo = a_lo.data(), g.lda = k, g.b_split = bp.data();
+    g.c = c.data(), g.c_lo = c_lo.data(), g.ldc = n;
+    g.epilogue = t.epilogue, g.src = src.data(), g.src_ld = n, g.act = t.act;
+    REQUIRE(la::split_takes(k, g.a, g.a_lo, g.lda));
+    la::split_gemm(Space(), g);
+    return std::make_pair(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), c),
+                          Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), c_lo));
+  };
+  const auto [hc, hc_lo] = run(m);
+  double worst = 0;
+  std::int64_t lo_wrong = 0;
+  for (int r = 0; r < m; ++r) {
+    for (int col = 0; col < n; ++col) {
+      double acc = 0, mag = 0;
+      for (int j = 0; j < k; ++j) {
+        const double b = t.transposed ? hw(std::size_t(col) * k + j) : hw(std::size_t(j) * n + col);
+        acc += double(ha(std::size_t(r) * k + j)) * b;
+        mag += std::fabs(double(ha(std::size_t(r) * k + j)) * b);
+      }
+      double ref = acc;
+      if (t.epilogue == la::SplitEpilogue::bias_activation) {
+        ref = t.act == dpmlp::Activation::relu ? std::max(0.0, acc + hsrc(col))
+              : t.act == dpmlp::Activation::tanh ? std::tanh(acc + hsrc(col)) : acc + hsrc(col);
+      } else if (t.epilogue == la::SplitEpilogue::activation_grad) {
+        const double y = hsrc(std::size_t(r) * n + col);
+        ref = acc * (t.act == dpmlp::Activation::relu ? (y > 0 ? 1.0 : 0.0)
+                     : t.act == dpmlp::Activation::tanh ? 1.0 - y * y : 1.0);
+      }
+      const std::size_t at = std::size_t(r) * n + col;
+      worst = std::max(worst, std::fabs(hc(at) - ref) / std::max(mag, 1e-30));
+      const float lo = la::tf32_lo(hc(at));
+      lo_wrong += std::memcmp(&lo, &hc_lo(at), sizeof lo) != 0;
+    }
+  }
+  INFO(t.m << " x " << t.n << " x " << t.k << (t.transposed ? " (W^T)" : "") << ", epilogue "
+           << static_cast<int>(t.epilogue) << ", " << dpmlp::activation_name(t.act) << ": max error / sum |terms| "
+           << worst);
+  CHECK(worst <= 2e-6);
+  CHECK(lo_wrong == 0);
+  const int few = std::min(m, 100);
+  const auto [hf, hf_lo] = run(few);
+  CHECK(std::memcmp(hf.data(), hc.data(), sizeof(float) * std::size_t(few) * n) == 0);
+  CHECK(std::memcmp(hf_lo.data(), hc_lo.data(), sizeof(float) * std::size_t(few) * n) == 0);
+}
+}  // namespace
+
+TEST_CASE("split GEMM: every epilogue at fp32 accuracy, exact lo parts, a row's bits whatever the rows",
+          "[mlp][linalg][split]") {
+  using dpmlp::Activation;
+  using E = dpmlp::linalg::SplitEpilogue;
+  // Rows no tile divides; one to 256 columns; from 16384 rows the Hopper kernels take 128-row tiles.
+  const std::vector<SplitCase> cases = {
+      {1000, 256, 256, false, E::bias_activation, Activation::relu},
+      {997, 256, 256, true, E::activation_grad, Activation::tanh},
+      {333, 200, 32, false, E::bias_activation, Activation::tanh},
+      {300, 72, 64, true, E::activation_grad, Activation::relu},
+      {1000, 1, 64, false, E::linear, Activation::identity},
+      {16500, 64, 96, false, E::linear, Activation::identity},
+  };
+  std::mt19937 gen(23);
+  for (const SplitCase& t : cases) check_split_gemm(t, gen);
+  // TF32 keeps 10 mantissa bits: at 1 its ulp is 2^-10. Truncation drops the rest; the lo part is the rest
+  // rounded to nearest, ties away from zero (PTX's cvt.rna.tf32.f32).
+  namespace la = dpmlp::linalg;
+  const float u = std::ldexp(1.0f, -10);
+  CHECK(la::tf32_trunc(1.0f + u - std::ldexp(1.0f, -23)) == 1.0f);
+  CHECK(la::tf32_rna(1.0f + u / 2) == 1.0f + u);
+  CHECK(la::tf32_rna(-(1.0f + u / 2)) == -(1.0f + u));
+  CHECK(la::tf32_rna(1.0f + u / 2 - std::ldexp(1.0f, -23)) == 1.0f);
+  CHECK(la::tf32_lo(1.0f + u / 4) == u / 4);
+  // 1 + 2^-12 + 2^-23: the rest, 2^-12 + 2^-23, lies halfway between TF32 neighbours 2^-22 apart: away from 0.
+  CHECK(la::tf32_lo(1.0f + u / 4 + std::ldexp(1.0f, -23)) == u / 4 + std::ldexp(1.0f, -22));
+  CHECK(std::isinf(la::tf32_rna(std::numeric_limits<float>::infinity())));
+}
+
 TEST_CASE("cutlass: every layout and fused epilogue at fp32 accuracy, on shapes no tile divides", "[mlp][linalg]") {
 #if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUTLASS)
   if (std::is_same<Space, Kokkos::Cuda>::value) {

@@ -707,6 +707,31 @@ TEST_CASE("layered engine: deep and wide models, full batch and mini-batches, th
   }
 }
 
+TEST_CASE("split operands: full batch and mini-batches, the same bits at any rank count", "[trainer][deep][split]") {
+  // Split and unsplit GEMMs mixed (k = 48 is not whole tiles of 32), one and two outputs; on CUDA, eager and
+  // as graphs (the weights' split is part of the step).
+  const std::vector<DeepCase> cases = {{{32, 64, 64, 64, 1}, dpmlp::Activation::relu, 1001, 100},
+                                       {{32, 48, 64, 32, 2}, dpmlp::Activation::tanh, 523, 64}};
+  for (const bool graph : {false, true}) {
+    if (graph && !dpmlp::backend::StepGraph<Space>::supported) continue;
+    dpmlp::TrainerOptions opt;
+    opt.engine = dpmlp::Engine::layered;
+    opt.split_operands = dpmlp::Toggle::on;
+    opt.cuda_graph = graph;
+    INFO("CUDA graph " << graph);
+    for (const auto& c : cases) {
+      const Trained split = check_same_bits_any_rank(c, opt);
+      // Against the GEMMs that split in registers: the same function, other sums.
+      dpmlp::TrainerOptions plain = opt;
+      plain.split_operands = dpmlp::Toggle::off;
+      plain.block_rows = c.block;
+      const Trained unsplit = train_alone(c.problem(), 6, plain, dpmlp::Sgd(1e-4, 0.9));
+      CHECK(max_abs_diff(split.params, unsplit.params) < 1e-5);
+      CHECK(max_abs_diff(split.params, unsplit.params) > 0.0);
+    }
+  }
+}
+
 TEST_CASE("tensor engine, deep kernel: full batch and mini-batches, the same bits at any rank count",
           "[trainer][deep][tensor]") {
   // Two to four hidden layers (one and two groups of warps a CTA), 32 and 64 padded inputs, one to four outputs, short last blocks and tiles

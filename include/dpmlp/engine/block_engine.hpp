@@ -773,53 +773,6 @@ class BlockEngine {
                                   : "dpmlp: the tensor engine runs on CUDA execution spaces in float only");
   }
 
- private:
-  // What rows_gemm may do in the GEMM's pass: nothing; add the bias `src` and apply the activation (the
-  // forward); multiply by the activation's derivative read from its outputs `src` (back-propagation).
-  enum class Fuse { none, bias_activation, activation_grad };
-
-  // Out[rows x n] = In[rows x k] * op(W), W shared by every row. Where rows_at_once(), one GEMM over all the
-  // shard's rows, which also does `fuse` where the backend can; else block by block (the full blocks in one
-  // batched call, the short tail block in another), so each block's bits depend on its rows alone. Returns
-  // whether `fuse` was done (else the caller does it).
-  bool rows_gemm(const ExecSpace& space, linalg::Op op_w, int n, int k, const Scalar* in, int ld_in, const Scalar* w,
-                 int ld_w, Scalar* out, int ld_out, Fuse fuse = Fuse::none, const Scalar* src = nullptr,
-                 std::int64_t ld_src = 0, Activation act = Activation::identity) const {
-    linalg::BatchedGemm<Scalar> g;
-    g.op_b = op_w;
-    g.n = n;
-    g.k = k;
-    g.a = in;
-    g.lda = ld_in;
-    g.b = w;
-    g.ldb = ld_w;
-    g.c = out;
-    g.ldc = ld_out;
-    if (rows_at_once()) {
-      g.m = static_cast<int>(rows_);
-      if (fuse == Fuse::bias_activation) return linalg::gemm_with_bias(space, plan_.gemm, g, src, act);
-      if (fuse == Fuse::activation_grad) {
-        return linalg::gemm_with_activation_grad(space, plan_.gemm, g, src, ld_src, act);
-      }
-      linalg::gemm(space, plan_.gemm, g);
-      return false;
-    }
-    const std::int64_t full = rows_ / plan_.block_rows, tail = rows_ - full * plan_.block_rows;
-    g.stride_a = plan_.block_rows * ld_in;
-    g.stride_c = plan_.block_rows * ld_out;
-    g.m = static_cast<int>(plan_.block_rows);
-    g.batch = full;
-    linalg::gemm(space, plan_.gemm, g);
-    if (tail > 0) {
-      g.m = static_cast<int>(tail);
-      g.batch = 1;
-      g.a = in + full * g.stride_a;
-      g.c = out + full * g.stride_c;
-      linalg::gemm(space, plan_.gemm, g);
-    }
-    return false;
-  }
-
   // ---- Split operands (plan_.gemm_split, float; linalg/split_gemm.hpp). fwd_split_[l]: layer l's forward
   // GEMM runs split (k = its inputs in whole tiles; not a narrow layer); bwd_split_[l]: the delta GEMM of
   // layer l (delta_{l-1} from delta_l, k = its outputs) does. A split GEMM's A comes with its lo parts, written
@@ -957,6 +910,53 @@ class BlockEngine {
       (void)v;
       return Scalar(0);
     }
+  }
+
+ private:
+  // What rows_gemm may do in the GEMM's pass: nothing; add the bias `src` and apply the activation (the
+  // forward); multiply by the activation's derivative read from its outputs `src` (back-propagation).
+  enum class Fuse { none, bias_activation, activation_grad };
+
+  // Out[rows x n] = In[rows x k] * op(W), W shared by every row. Where rows_at_once(), one GEMM over all the
+  // shard's rows, which also does `fuse` where the backend can; else block by block (the full blocks in one
+  // batched call, the short tail block in another), so each block's bits depend on its rows alone. Returns
+  // whether `fuse` was done (else the caller does it).
+  bool rows_gemm(const ExecSpace& space, linalg::Op op_w, int n, int k, const Scalar* in, int ld_in, const Scalar* w,
+                 int ld_w, Scalar* out, int ld_out, Fuse fuse = Fuse::none, const Scalar* src = nullptr,
+                 std::int64_t ld_src = 0, Activation act = Activation::identity) const {
+    linalg::BatchedGemm<Scalar> g;
+    g.op_b = op_w;
+    g.n = n;
+    g.k = k;
+    g.a = in;
+    g.lda = ld_in;
+    g.b = w;
+    g.ldb = ld_w;
+    g.c = out;
+    g.ldc = ld_out;
+    if (rows_at_once()) {
+      g.m = static_cast<int>(rows_);
+      if (fuse == Fuse::bias_activation) return linalg::gemm_with_bias(space, plan_.gemm, g, src, act);
+      if (fuse == Fuse::activation_grad) {
+        return linalg::gemm_with_activation_grad(space, plan_.gemm, g, src, ld_src, act);
+      }
+      linalg::gemm(space, plan_.gemm, g);
+      return false;
+    }
+    const std::int64_t full = rows_ / plan_.block_rows, tail = rows_ - full * plan_.block_rows;
+    g.stride_a = plan_.block_rows * ld_in;
+    g.stride_c = plan_.block_rows * ld_out;
+    g.m = static_cast<int>(plan_.block_rows);
+    g.batch = full;
+    linalg::gemm(space, plan_.gemm, g);
+    if (tail > 0) {
+      g.m = static_cast<int>(tail);
+      g.batch = 1;
+      g.a = in + full * g.stride_a;
+      g.c = out + full * g.stride_c;
+      linalg::gemm(space, plan_.gemm, g);
+    }
+    return false;
   }
 
   // partials[b][off .. off + n_in*n_o) = A[block b]^T * D[block b]
