@@ -59,6 +59,7 @@ struct Options {
   std::uint64_t seed = 0;
   dpmlp::Engine engine = dpmlp::Engine::automatic;
   std::string gemm = "default";
+  dpmlp::Toggle split_operands = dpmlp::Toggle::automatic;
   bool graph = false, allow_cpu = false;
 };
 
@@ -122,6 +123,9 @@ cli::Parser command_line(Options& o) {
   p.value("--block-rows", "B", o.block_rows, "rows per reduction block; 0 lets the trainer choose");
   p.value("--gemm", "default|cutlass|cublaslt|cublas|portable|eigen", o.gemm,
           "the layered engine's GEMM backend (default: the space's, linalg::default_backend)");
+  p.custom("--split-operands", "automatic|off|on", dpmlp::toggle_name(o.split_operands),
+           "the layered engine's GEMMs over operands split in memory (EngineOptions::split_operands)",
+           [&o](const cli::Args& a, int& i) { o.split_operands = dpmlp::toggle_from_name(a.value(i)); });
   p.flag("--graph", o.graph,
          "replay steps as a CUDA graph where the trainer can (TrainerOptions::cuda_graph: CUDA, NCCL, sgd)");
   p.value("--repeats", "R", o.repeats, "timed repeats, each a fresh trainer from the same parameters");
@@ -252,6 +256,7 @@ dpmlp::TrainerOptions trainer_options(const Options& o) {
   topt.block_rows = o.block_rows;
   topt.cuda_graph = o.graph;
   topt.engine = o.engine;
+  topt.split_operands = o.split_operands;
   if (o.gemm != "default") {
     bool known = false;
     for (auto b : {dpmlp::linalg::Backend::eigen, dpmlp::linalg::Backend::cublas, dpmlp::linalg::Backend::portable,
@@ -342,6 +347,7 @@ int bench(const Options& o, const Optimizer& optimizer) {
             ", \"kernel\": " + json_string(dpmlp::kernel_name(r.plan.kernel)) +
             ", \"gemm\": " + json_string(r.plan.engine == dpmlp::Engine::layered ? dpmlp::linalg::backend_name(r.plan.gemm) : "none") +
             ", \"gemm_wgmma\": " + (r.plan.gemm_wgmma ? "true" : "false") +
+            ", \"gemm_split\": " + (r.plan.gemm_split ? "true" : "false") +
             ", \"block_rows\": " + std::to_string(r.block_rows) + ", \"graph\": " + (o.graph ? "true" : "false") +
             ", \"repeats\": " + std::to_string(o.repeats) + ", \"times_ms\": [";
     for (std::size_t i = 0; i < r.ms.size(); ++i) line += (i ? ", " : "") + json_number(r.ms[i], "%.3f");
