@@ -285,8 +285,9 @@ class BlockEngine {
         // The lo parts of this layer's outputs where the next layer's GEMM reads them.
         Scalar* out_lo = last || !fwd_split_[l + 1] ? nullptr : acts_lo_[l].data();
         if (fwd_split_[l] && (l > 0 || x_split)) {
-          split_rows_gemm(space, static_cast<int>(rows_), n_out, n_in, in.data(), l == 0 ? x_lo_.data() : acts_lo_[l - 1].data(),
-                          n_in, b_split_.data() + fwd_b_off_[l], out.data(), out_lo, n_out,
+          const Scalar* in_lo = l == 0 ? x_lo_.data() : acts_lo_[l - 1].data();
+          split_rows_gemm(space, static_cast<int>(rows_), n_out, n_in, in.data(), in_lo, n_in,
+                          b_split_.data() + fwd_b_off_[l], out.data(), out_lo, n_out,
                           linalg::SplitEpilogue::bias_activation, model_.bias(l).data(), 0, act);
         } else {
           forward_gemm(space, l, in.data(), out, act);
@@ -366,7 +367,10 @@ class BlockEngine {
     if (!forward(space, x, residual)) {
       Kokkos::parallel_for("dpmlp::residual", Kokkos::RangePolicy<ExecSpace>(space, 0, rows), residual);
     }
-    if (split_ && L > 1 && bwd_split_[L - 1]) lo_parts(space, delta.data(), delta.extent(1), n_out, delta_lo_[(L - 1) % 2].data());
+    // The output deltas' lo parts, where a split delta GEMM reads them (32 or more outputs).
+    if (split_ && L > 1 && bwd_split_[L - 1]) {
+      lo_parts(space, delta.data(), static_cast<std::int64_t>(delta.extent(1)), n_out, delta_lo_[(L - 1) % 2].data());
+    }
     // A layer's gradients (which read its deltas) and the loss's block sums run on the side queue, beside the
     // delta chain on `space` (backend/side_stream.hpp). At each layer the two queues meet (fork, then join):
     // the side queue's gradients of layer l then follow its deltas, and, as the deltas alternate between two
@@ -406,8 +410,8 @@ class BlockEngine {
       const auto a = acts_[l - 1];
       if (split_ && bwd_split_[l]) {
         split_rows_gemm(space, static_cast<int>(rows), n_in, n_o, d.data(), delta_lo_[l % 2].data(), ld_d,
-                        b_split_.data() + bwd_b_off_[l], dn.data(), dn_lo, ld_dn, linalg::SplitEpilogue::activation_grad,
-                        a.data(), n_in, act);
+                        b_split_.data() + bwd_b_off_[l], dn.data(), dn_lo, ld_dn,
+                        linalg::SplitEpilogue::activation_grad, a.data(), n_in, act);
         continue;
       }
       const bool fused = rows_gemm(space, linalg::Op::T, n_in, n_o, d.data(), ld_d, model_.weight(l).data(), n_o,
@@ -813,8 +817,8 @@ class BlockEngine {
           segs.push_back(sw);
         }
       }
-      b_split_ = Kokkos::View<Scalar*, memory_space>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::b_split"),
-                                                     static_cast<std::size_t>(total));
+      b_split_ = Kokkos::View<Scalar*, memory_space>(
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::b_split"), static_cast<std::size_t>(total));
       for (std::size_t j = 0; j < segs.size(); ++j) segs[j].b_split = b_split_.data() + seg_off[j];
       starts.push_back(elements);
       split_elements_ = elements;
@@ -834,7 +838,8 @@ class BlockEngine {
       if (fwd_split_[0]) x_lo_ = alloc("dpmlp::x_lo", w[0]);
       acts_lo_.resize(static_cast<std::size_t>(L));
       for (int l = 0; l + 1 < L; ++l) {
-        if (fwd_split_[static_cast<std::size_t>(l) + 1]) acts_lo_[static_cast<std::size_t>(l)] = alloc("dpmlp::activations_lo", w[static_cast<std::size_t>(l) + 1]);
+        const std::size_t i = static_cast<std::size_t>(l);
+        if (fwd_split_[i + 1]) acts_lo_[i] = alloc("dpmlp::activations_lo", w[i + 1]);
       }
       if (std::find(bwd_split_.begin(), bwd_split_.end(), 1) != bwd_split_.end()) {
         delta_lo_[0] = alloc("dpmlp::delta0_lo", widest);

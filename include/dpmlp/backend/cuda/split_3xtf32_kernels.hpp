@@ -9,7 +9,8 @@
 // sum toward zero; summing 32 products a time keeps that error at the SM80 3xTF32 kernels' level.
 //
 // Bits: one CTA an output tile (the persistent scheduler: no split-K, no stream-K), k'-tiles in order, so a
-// row's bits do not depend on the rows around it or on the tile shape (test_split_gemm checks both).
+// row's bits do not depend on the rows around it or on the tile shape (test_mlp, "split GEMM: ...", checks
+// both on an H100/H200).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -73,7 +74,8 @@ struct Mainloop : Base {
     // A's descriptors over its real k columns (the base made one over 3k, which would read past them).
     auto layout = make_layout(make_shape(M, K3 / 3, L), args.dA);
     auto smem = SmemLayoutA{}(_, _, cute::Int<0>{});
-    p.tma_load_a = make_tma_copy_A_sm90(GmemTiledCopyA{}, make_tensor(args.ptr_A, layout), smem, TileShape{}, ClusterShape{});
+    p.tma_load_a =
+        make_tma_copy_A_sm90(GmemTiledCopyA{}, make_tensor(args.ptr_A, layout), smem, TileShape{}, ClusterShape{});
     p.tma_load_a_lo =
         make_tma_copy_A_sm90(GmemTiledCopyA{}, make_tensor(args.ptr_A_lo, layout), smem, TileShape{}, ClusterShape{});
     return p;
@@ -177,7 +179,8 @@ struct Epilogue {
                                  TiledMma tiled_mma, ResidueMNK, int thread_idx, char*) {
     const int M = get<0>(problem_shape_mnkl), N = get<1>(problem_shape_mnkl);
     auto [m_coord, n_coord, k_coord, l_coord] = blk_coord_mnkl;
-    Tensor tile = local_tile(make_identity_tensor(make_shape(M, N)), take<0, 2>(blk_shape_MNK), make_coord(m_coord, n_coord));
+    Tensor tile =
+        local_tile(make_identity_tensor(make_shape(M, N)), take<0, 2>(blk_shape_MNK), make_coord(m_coord, n_coord));
     Tensor coord = tiled_mma.get_thread_slice(thread_idx).partition_C(tile);
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(acc); ++i) {
@@ -222,7 +225,8 @@ cudaError_t run(cudaStream_t s, const SplitGemm& g) {
   args.mode = cutlass::gemm::GemmUniversalMode::kGemm;
   args.problem_shape = {g.m, g.n, 3 * g.k, 1};
   typename GK::StrideA sa = cute::make_stride(g.lda, cute::Int<1>{}, std::int64_t(0));
-  typename GK::StrideB sb = cute::make_stride(std::int64_t(3) * g.k, cute::Int<1>{}, std::int64_t(0));  // n x 3k, k contiguous
+  // B': n x 3k, k contiguous
+  typename GK::StrideB sb = cute::make_stride(std::int64_t(3) * g.k, cute::Int<1>{}, std::int64_t(0));
   args.mainloop = {g.a, g.a_lo, sa, g.b_split, sb, 4u};
   args.epilogue = g;
   Gemm op;
@@ -239,9 +243,11 @@ cudaError_t run(cudaStream_t s, const SplitGemm& g) {
 cudaError_t launch(cudaStream_t stream, const SplitGemm& g) {
   using namespace cute;
   if (g.m < 16384) {
-    return detail::run<detail::Kernel<Shape<_64, _128, _32>, cutlass::gemm::KernelTmaWarpSpecializedPingpong>>(stream, g);
+    using Pingpong = detail::Kernel<Shape<_64, _128, _32>, cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
+    return detail::run<Pingpong>(stream, g);
   }
-  return detail::run<detail::Kernel<Shape<_128, _128, _32>, cutlass::gemm::KernelTmaWarpSpecializedCooperative>>(stream, g);
+  using Cooperative = detail::Kernel<Shape<_128, _128, _32>, cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
+  return detail::run<Cooperative>(stream, g);
 }
 #endif
 
