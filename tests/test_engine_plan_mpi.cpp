@@ -98,6 +98,36 @@ TEST_CASE("the plan resolves the engine from the model and the space", "[plan]")
     CHECK(!plan(shape({32, 256, 256, 1}), 20000, portable, 1, hopper).gemm_wgmma);
     CHECK(plan(shape({32, 256, 256, 1}), 20000, portable, 1, hopper).sums_key() ==
           plan(shape({32, 256, 256, 1}), 20000, portable).sums_key());
+    // Where the split-operand kernels run, the layered engine's float GEMMs take them (other sums again);
+    // asked off, or with other GEMMs, not; asked on, anywhere, and refused for double and other engines.
+    dpmlp::EngineCaps unsplit_caps = h200();
+    unsplit_caps.gemm_reproducible = dpmlp::linalg::Backend::cutlass;
+    dpmlp::EngineCaps split_caps = unsplit_caps;
+    split_caps.split_operands = true;
+    const dpmlp::EnginePlan split = plan(shape({32, 256, 256, 1}), 20000, {}, 1, split_caps);
+    CHECK(split.engine == Engine::layered);
+    CHECK(split.gemm_split);
+    CHECK(split.sums_key() != plan(shape({32, 256, 256, 1}), 20000, {}, 1, unsplit_caps).sums_key());
+    CHECK(split.describe().find("split operands") != std::string::npos);
+    CHECK(!plan(shape({32, 256, 256, 1}), 20000, {}, 1, unsplit_caps).gemm_split);
+    CHECK(!plan(shape({32, 256, 256, 1}), 20000, portable, 1, split_caps).gemm_split);
+    CHECK(!plan(shape({32, 64, 64, 1}), 20000, {}, 1, split_caps).gemm_split);  // the tensor engine's
+    dpmlp::EngineOptions split_off, split_on;
+    split_off.split_operands = dpmlp::Toggle::off;
+    split_on.split_operands = dpmlp::Toggle::on;
+    CHECK(!plan(shape({32, 256, 256, 1}), 20000, split_off, 1, split_caps).gemm_split);
+    CHECK(plan(shape({32, 256, 256, 1}), 20000, split_on).gemm_split);
+    CHECK(plan(shape({32, 256, 256, 1}), 20000, split_on, 1, cpu()).engine == Engine::layered);
+    CHECK(plan(shape({32, 256, 256, 1}), 20000, split_on, 1, cpu()).gemm_split);
+    // Asked on, it asks for the layered engine where the automatic one would have no GEMMs (as a backend does).
+    CHECK(plan(shape({32, 64, 64, 1}), 20000, split_on).engine == Engine::layered);
+    dpmlp::EngineOptions split_tensor = split_on;
+    split_tensor.engine = Engine::tensor;
+    CHECK_THROWS_WITH(plan(shape({32, 64, 64, 1}), 20000, split_tensor), Catch::Contains("split operands"));
+    CHECK_THROWS_WITH(plan(dpmlp::ModelShape{{32, 256, 256, 1}, Activation::relu, sizeof(double)}, 20000, split_on),
+                      Catch::Contains("double"));
+    CHECK(!plan(dpmlp::ModelShape{{32, 256, 256, 1}, Activation::relu, sizeof(double)}, 20000, {}, 1, split_caps)
+               .gemm_split);
     dpmlp::EngineOptions tensor;
     tensor.engine = Engine::tensor;
     CHECK_THROWS_WITH(plan(shape({32, 128, 128, 1}), 20000, tensor), Catch::Contains("at most 64 units"));

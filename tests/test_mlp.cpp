@@ -948,8 +948,8 @@ struct SplitCase {
 
 // The split GEMM of `t` (on this space's kernels: Hopper's on an H100/H200 built with them, else the portable
 // form) against an fp64 product: each element within 2e-6 of the sum of its terms' magnitudes, C_lo the lo
-// parts of C bitwise; and its first rows alone (another kernel on a GPU, below 16384 rows) give those rows'
-// bits.
+// parts of C bitwise; its first rows alone (another kernel on a GPU, below 16384 rows) give those rows' bits,
+// and so does each tile shape over all the rows.
 void check_split_gemm(const SplitCase& t, std::mt19937& gen) {
   namespace la = dpmlp::linalg;
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -976,12 +976,13 @@ void check_split_gemm(const SplitCase& t, std::mt19937& gen) {
   la::SplitWeights sw;
   sw.w = w.data(), sw.k = k, sw.n = n, sw.transposed = t.transposed, sw.b_split = bp.data();
   Kokkos::parallel_for("split_weights", Kokkos::RangePolicy<Space>(0, sw.size()), sw);
-  const auto run = [&](int rows) {
+  const auto run = [&](int rows, int tile_rows = 0) {
     Kokkos::View<float*, Memory> c("c", std::size_t(rows) * n), c_lo("c_lo", std::size_t(rows) * n);
     la::SplitGemm g;
     g.m = rows, g.n = n, g.k = k, g.a = a.data(), g.a_lo = a_lo.data(), g.lda = k, g.b_split = bp.data();
     g.c = c.data(), g.c_lo = c_lo.data(), g.ldc = n;
     g.epilogue = t.epilogue, g.src = src.data(), g.src_ld = n, g.act = t.act;
+    g.tile_rows = tile_rows;
     REQUIRE(la::split_takes(k, g.a, g.a_lo, g.lda));
     la::split_gemm(Space(), g);
     return std::make_pair(Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), c),
@@ -1022,6 +1023,13 @@ void check_split_gemm(const SplitCase& t, std::mt19937& gen) {
   const auto [hf, hf_lo] = run(few);
   CHECK(std::memcmp(hf.data(), hc.data(), sizeof(float) * std::size_t(few) * n) == 0);
   CHECK(std::memcmp(hf_lo.data(), hc_lo.data(), sizeof(float) * std::size_t(few) * n) == 0);
+  // Both tile shapes of the Hopper kernels over all the rows.
+  for (const int tile : {64, 128}) {
+    const auto [ht, ht_lo] = run(m, tile);
+    INFO("tile rows " << tile);
+    CHECK(std::memcmp(ht.data(), hc.data(), sizeof(float) * std::size_t(m) * n) == 0);
+    CHECK(std::memcmp(ht_lo.data(), hc_lo.data(), sizeof(float) * std::size_t(m) * n) == 0);
+  }
 }
 }  // namespace
 

@@ -76,6 +76,9 @@ struct SplitGemm {
   const float* src = nullptr;  // the bias (bias_activation) or the activations Y (activation_grad)
   std::int64_t src_ld = 0;
   Activation act = Activation::identity;
+  // The Hopper kernels' tile rows: 0 by the row count (64 below 16384 rows, else 128), or 64 or 128 (for
+  // measurements; both sum an element alike). The portable form ignores it.
+  int tile_rows = 0;
 };
 
 // Whether a GEMM of this shape and these buffers runs in split form at all (the Hopper kernels' loads: k in

@@ -34,7 +34,8 @@ namespace split_3xtf32 {
 DPMLP_CUDA_ENTRY bool runs_here();
 
 // The GEMM on the Hopper kernels: pingpong 64 x 128 tiles below 16384 rows, cooperative 128 x 128 from
-// there (both sum an element alike: the same k-tiles in order, the same MMAs, one tile a CTA). Only where
+// there, unless SplitGemm::tile_rows says (both sum an element alike: the same k-tiles in order, the same
+// MMAs, one tile a CTA). Only where
 // runs_here(), for GEMMs split_takes() accepts. Throws CommError if the launch fails.
 DPMLP_CUDA_ENTRY void gemm(const Kokkos::Cuda& space, const SplitGemm& g);
 
@@ -54,7 +55,8 @@ DPMLP_CUDA_ENTRY bool runs_here() {
 
 DPMLP_CUDA_ENTRY void gemm(const Kokkos::Cuda& space, const SplitGemm& g) {
 #if defined(DPMLP_HAVE_SPLIT3)
-  if (!split_takes(g.k, g.a, g.a_lo, g.lda) || reinterpret_cast<std::uintptr_t>(g.b_split) % 16 != 0) {
+  if (!split_takes(g.k, g.a, g.a_lo, g.lda) || reinterpret_cast<std::uintptr_t>(g.b_split) % 16 != 0 ||
+      (g.tile_rows != 0 && g.tile_rows != 64 && g.tile_rows != 128)) {
     throw std::logic_error("dpmlp::linalg::split_3xtf32::gemm: a GEMM it does not take");
   }
   const cudaError_t s = launch(space.cuda_stream(), g);

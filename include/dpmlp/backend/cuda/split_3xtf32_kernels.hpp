@@ -242,7 +242,7 @@ cudaError_t run(cudaStream_t s, const SplitGemm& g) {
 #if defined(DPMLP_SPLIT3_KERNELS_HERE)
 cudaError_t launch(cudaStream_t stream, const SplitGemm& g) {
   using namespace cute;
-  if (g.m < 16384) {
+  if (g.tile_rows == 64 || (g.tile_rows == 0 && g.m < 16384)) {
     using Pingpong = detail::Kernel<Shape<_64, _128, _32>, cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
     return detail::run<Pingpong>(stream, g);
   }
