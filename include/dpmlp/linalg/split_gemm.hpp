@@ -10,7 +10,7 @@
 //   - an operand A (rows x k: the data, an activation, a delta) comes with A_lo, a buffer of the same shape
 //     (the GEMM that wrote A writes it too: SplitGemm::c_lo);
 //   - the weights B (k x n) come as B' (n x 3k, k contiguous), per k-tile of split_tile_k: [B | B_lo | B]
-//     (split_weights, once a step);
+//     (SplitWeights, once a step);
 //   - C = sum over k-tiles t, in order, of the three products of the tile, each summed on its own and added to
 //     C's fp32 sum: A_t B_t, A_t B_lo,t, A_lo,t B_t, with A and B read truncated (the tensor cores' view).
 // The fused epilogues are the layered engine's (the expressions of its element-wise kernels, as in
@@ -18,12 +18,14 @@
 //
 // split_gemm() runs a GEMM on the Hopper kernels where they run (CUDA, compute capability 9.0, the kernels
 // built, split_takes()), else the portable form here: the same products and order of tiles, one thread an
-// element of C. The two differ in their last bits (a wgmma truncates its own partial sums), so the plan
-// records which runs (EnginePlan::gemm_split); each gives a row bits that do not depend on the other rows.
+// element of C. The two differ in their last bits (a wgmma truncates its own partial sums), and which runs
+// is a property of the device, the same on every rank of a run; each gives a row bits that do not depend on
+// the other rows.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "dpmlp/activation.hpp"
 #include "dpmlp/kokkos_compat.hpp"
