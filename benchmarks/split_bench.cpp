@@ -7,7 +7,8 @@
 // Variants: "unsplit" (the space's default GEMM backend: cutlass on CUDA, eigen on a CPU, with the engine's
 // element-wise kernel where it has no fused epilogue, which is not timed here), "split" (the split GEMM writing C and C_lo, the engine's use),
 // "split_no_lo" (C only), "split_tile64" and "split_tile128" (the Hopper kernels' two tile shapes forced),
-// and "lo_pass" (a pass computing C_lo from C: what an unsplit GEMM's output costs a split GEMM after it).
+// "split_weights" (B' from W, once a step), and "lo_pass" (a pass computing C_lo from C: what an unsplit
+// GEMM's output costs a split GEMM after it).
 // Prints one JSON line a shape and variant: the median time of `repeats` samples, each `inner` back-to-back
 // calls between fences, and the check that the split result agrees with the unsplit one (within 1e-5 of the
 // largest |C|). Meant for GPUs; on a CPU build the split GEMM is its one-thread-an-element portable form.

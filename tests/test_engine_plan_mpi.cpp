@@ -117,10 +117,16 @@ TEST_CASE("the plan resolves the engine from the model and the space", "[plan]")
     split_on.split_operands = dpmlp::Toggle::on;
     CHECK(!plan(shape({32, 256, 256, 1}), 20000, split_off, 1, split_caps).gemm_split);
     CHECK(plan(shape({32, 256, 256, 1}), 20000, split_on).gemm_split);
+    // The portable form and Hopper's kernels sum alike only up to their last bits: part of the key.
+    CHECK(!plan(shape({32, 256, 256, 1}), 20000, split_on).split_hopper);
+    CHECK(plan(shape({32, 256, 256, 1}), 20000, split_on, 1, split_caps).split_hopper);
+    CHECK(plan(shape({32, 256, 256, 1}), 20000, split_on).sums_key() !=
+          plan(shape({32, 256, 256, 1}), 20000, split_on, 1, split_caps).sums_key());
     CHECK(plan(shape({32, 256, 256, 1}), 20000, split_on, 1, cpu()).engine == Engine::layered);
     CHECK(plan(shape({32, 256, 256, 1}), 20000, split_on, 1, cpu()).gemm_split);
     // Asked on, it asks for the layered engine where the automatic one would have no GEMMs (as a backend does).
     CHECK(plan(shape({32, 64, 64, 1}), 20000, split_on).engine == Engine::layered);
+    CHECK(plan(shape({32, 32, 1}), 20000, split_on).engine == Engine::layered);  // not the tensor engine's
     dpmlp::EngineOptions split_tensor = split_on;
     split_tensor.engine = Engine::tensor;
     CHECK_THROWS_WITH(plan(shape({32, 64, 64, 1}), 20000, split_tensor), Catch::Contains("split operands"));

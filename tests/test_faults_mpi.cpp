@@ -215,6 +215,26 @@ TEST_CASE("shape mismatches on one rank are refused on every rank", "[mpi][fault
   }
 }
 
+TEST_CASE("split operands: an x that is not 16-byte aligned is refused on every rank", "[mpi][faults][split]") {
+  // Whether the split GEMMs take layer 0 depends on x's alignment, so a rank with a misaligned x would sum
+  // otherwise; it is refused wherever the plan splits operands.
+  auto model = make_model();
+  dpmlp::TrainerOptions o = small_blocks();
+  o.engine = dpmlp::Engine::layered;
+  o.split_operands = dpmlp::Toggle::on;
+  Trainer<> trainer(MPI_COMM_WORLD, model, kRows, dpmlp::Sgd(0.05), o);
+  REQUIRE(trainer.engine_plan().gemm_split);
+  const dpmlp::Shard s = trainer.shard();
+  const Data d = make_data(s);
+  Kokkos::View<float*, Memory> flat("flat", static_cast<std::size_t>(s.rows() * kInputs + 1));
+  const Kokkos::View<float**, Kokkos::LayoutRight, Memory, Kokkos::MemoryTraits<Kokkos::Unmanaged>> x(
+      flat.data() + 1, s.rows(), kInputs);
+  Kokkos::deep_copy(x, d.x);
+  check_thrown_everywhere(outcome_of([&] { trainer.set_data(x, d.y); }), "InputError",
+                          {"rank 0: ", "x's data is not 16-byte aligned"});
+  trainer.set_data(d.x, d.y);  // an aligned x is taken
+}
+
 TEST_CASE("zero rows, fewer rows than ranks and bad block sizes are refused on every rank", "[mpi][faults]") {
   auto model = make_model();
   SECTION("zero rows") {

@@ -994,9 +994,11 @@ std::string DataParallelTrainer<ExecSpace, Comm, Optimizer, Scalar, Loss>::check
   }
   // The engines read rows at a stride of the row length: a View of some columns of a wider array (a
   // column subview) has longer rows and would be misread. It needs a copy, which the caller makes.
-  // The pinned cuBLASLt and the CUTLASS GEMMs read x's rows with 16-byte loads.
+  // The pinned cuBLASLt and the CUTLASS GEMMs read x's rows with 16-byte loads, and whether the split GEMMs
+  // take layer 0 depends on it (linalg::split_takes): the same on every rank only if every rank's x is aligned.
   if (engine_plan_.engine == Engine::layered &&
-      (engine_plan_.gemm == linalg::Backend::cublaslt || engine_plan_.gemm == linalg::Backend::cutlass) &&
+      (engine_plan_.gemm == linalg::Backend::cublaslt || engine_plan_.gemm == linalg::Backend::cutlass ||
+       engine_plan_.gemm_split) &&
       reinterpret_cast<std::uintptr_t>(x.data()) % 16 != 0) {
     return "dpmlp::DataParallelTrainer::set_data: x's data is not 16-byte aligned (a View of rows at an offset?); "
            "deep_copy it into a View of its own";

@@ -106,11 +106,12 @@ struct EngineOptions {
   // The host engine's automatic groups are 8, 4, 2 or 1 blocks (engine/plan.hpp, host_leaf_group).
   Toggle leaf_groups = Toggle::automatic;
   // Whether the layered engine runs its float forward and delta GEMMs over operands split in memory
-  // (linalg/split_gemm.hpp: each activation and delta stored with its TF32 remainder, the weights split once a
-  // step), the form of Hopper's tensor-core kernels. automatic: where those kernels run (a GPU of compute
-  // capability 9.0, built with DPMLP_ENABLE_SPLIT_GEMM) with the cutlass GEMMs; on: anywhere, elsewhere on the
-  // split GEMM's portable form (slow: one thread an element); refused for double and the other engines. The
-  // bits differ from those of the GEMMs that split in registers.
+  // (linalg/split_gemm.hpp: each activation and delta such a GEMM reads stored with its TF32 remainder, the
+  // weights split once a step), the form of Hopper's tensor-core kernels. automatic: where those kernels run
+  // (a GPU of compute capability 9.0, built with DPMLP_ENABLE_SPLIT_GEMM) with the cutlass GEMMs; on: anywhere
+  // (with the automatic engine, it asks for the layered one), elsewhere on the split GEMM's portable form
+  // (slow: one thread an element); refused for double and for an engine other than the layered one asked
+  // for. The bits differ from those of the GEMMs that split in registers.
   Toggle split_operands = Toggle::automatic;
 };
 

@@ -93,24 +93,25 @@ struct EnginePlan {
   linalg::Backend gemm = linalg::Backend::portable;
   bool gemm_wgmma = false;  // the layered engine's cutlass GEMMs run on the wgmma kernels (EngineCaps)
   bool gemm_split = false;  // its forward and delta GEMMs run over split operands (EngineOptions::split_operands)
+  bool split_hopper = false;  // ... on Hopper's kernels (EngineCaps::split_operands), not the portable form
 
   bool register_resident() const {
     return kernel == Kernel::tensor_register_resident || kernel == Kernel::tensor_register_resident_paired;
   }
   // What fixes a step's bits, so every rank must plan alike: the engine, the kernel family (the two
   // register-resident schedules sum alike), the block, the leaf group and the layered engine's GEMMs (and
-  // whether those run on wgmma or over split operands: a Hopper rank and an Ampere rank would not sum alike).
-  // A split plan on a device without the Hopper kernels runs their portable form, other bits again, which the
-  // key does not tell apart: every rank of a run sees the same kind of device (as for gemm_wgmma).
+  // whether those run on wgmma, or over split operands on Hopper's kernels or in the portable form: a Hopper
+  // rank and an Ampere rank would not sum alike).
   std::int64_t sums_key() const {
-    const int family = register_resident() ? 3 : static_cast<int>(kernel);
+    const int split = gemm_split ? (split_hopper ? 2 : 1) : 0;
     const int gemm_key =
-        engine == Engine::layered ? (static_cast<int>(gemm) * 2 + (gemm_wgmma ? 1 : 0)) * 2 + (gemm_split ? 1 : 0) : 0;
-    // leaf_group <= 8; gemm_key < 32
+        engine == Engine::layered ? (static_cast<int>(gemm) * 2 + (gemm_wgmma ? 1 : 0)) * 3 + split : 0;
+    const int family = register_resident() ? 3 : static_cast<int>(kernel);
+    // leaf_group <= 8; gemm_key < 32 (backend < 5)
     return (((block_rows * 16 + leaf_group) * 8 + family) * 8 + static_cast<int>(engine)) * 32 + gemm_key;
   }
   std::string describe() const {
-    return std::string(kernel_name(kernel)) + (engine == Engine::layered ? std::string(" (") + linalg::backend_name(gemm) + (gemm_wgmma ? " on wgmma" : "") + (gemm_split ? ", split operands" : "") + ")" : std::string()) + ", " + std::to_string(block_rows) + "-row blocks" +
+    return std::string(kernel_name(kernel)) + (engine == Engine::layered ? std::string(" (") + linalg::backend_name(gemm) + (gemm_wgmma ? " on wgmma" : "") + (gemm_split ? (split_hopper ? ", split operands" : ", split operands (portable)") : "") + ")" : std::string()) + ", " + std::to_string(block_rows) + "-row blocks" +
            (leaf_group > 1 ? ", leaves of " + std::to_string(leaf_group) + " blocks" : "");
   }
 };
@@ -312,11 +313,12 @@ inline EnginePlan plan_engine(const ModelShape& m, const EngineCaps& caps, const
                      " asks for the tensor engine, but the engine asked for is " + engine_name(o.engine));
   }
   EnginePlan p;
-  // A GEMM backend (or split operands) asked for with the automatic engine asks for the layered engine where
-  // the automatic choice would have no GEMM calls: on a host space (the host engine), and for a model of two or
-  // more hidden layers (the tensor engine's deep kernel).
-  const bool gemm_asks_layered = o.engine == Engine::automatic && (o.gemm || o.split_operands == Toggle::on) &&
-                                 (caps.host_space || m.widths.size() > 3);
+  // A GEMM backend asked for with the automatic engine asks for the layered engine where the automatic choice
+  // would have no GEMM calls: on a host space (the host engine), and for a model of two or more hidden layers
+  // (the tensor engine's deep kernel). Split operands asked for ask for it wherever: they are its GEMMs' form.
+  const bool gemm_asks_layered =
+      o.engine == Engine::automatic &&
+      ((o.gemm && (caps.host_space || m.widths.size() > 3)) || o.split_operands == Toggle::on);
   p.engine = detail::resolve_engine(m, caps, gemm_asks_layered ? Engine::layered : o.engine);
   if (p.engine != Engine::tensor && o.tensor_kernel != TensorKernel::automatic) {
     throw InputError(std::string("dpmlp: tensor_kernel ") + tensor_kernel_name(o.tensor_kernel) + ": " +
@@ -344,6 +346,7 @@ inline EnginePlan plan_engine(const ModelShape& m, const EngineCaps& caps, const
   p.gemm_split = p.engine == Engine::layered && m.scalar_bytes == sizeof(float) &&
                  (o.split_operands == Toggle::on ||
                   (o.split_operands == Toggle::automatic && p.gemm == linalg::Backend::cutlass && caps.split_operands));
+  p.split_hopper = p.gemm_split && caps.split_operands;
   switch (p.engine) {
     case Engine::fused: p.kernel = Kernel::fused; break;
     case Engine::host: p.kernel = Kernel::host; break;

@@ -17,7 +17,7 @@
 // cutlass_3xtf32.hpp), and where c_lo is set the GEMM also writes C_lo = tf32_lo(C) for the next GEMM.
 //
 // split_gemm() runs a GEMM on the Hopper kernels where they run (CUDA, compute capability 9.0, the kernels
-// built, split_takes()), else the portable form here: the same products and order of tiles, one thread an
+// built), else the portable form here (both only for GEMMs split_takes() accepts): the same products and order of tiles, one thread an
 // element of C. The two differ in their last bits (a wgmma truncates its own partial sums), and which runs
 // is a property of the device, the same on every rank of a run; each gives a row bits that do not depend on
 // the other rows.
@@ -56,7 +56,11 @@ KOKKOS_INLINE_FUNCTION float tf32_rna(float x) {
   return bits_float((u + 0x1000u) & 0xffffe000u);
 }
 // What a tensor core misses of x when it reads it, rounded to what it can read. x - tf32_trunc(x) is exact.
-KOKKOS_INLINE_FUNCTION float tf32_lo(float x) { return tf32_rna(x - tf32_trunc(x)); }
+// An infinity's is 0 (so the split sum of an infinite operand is the infinity, not inf - inf); a NaN's NaN.
+KOKKOS_INLINE_FUNCTION float tf32_lo(float x) {
+  if ((float_bits(x) & 0x7fffffffu) == 0x7f800000u) return 0.0f;
+  return tf32_rna(x - tf32_trunc(x));
+}
 
 // What the GEMM's pass does after the sum (the layered engine's element-wise work):
 //   linear: C = acc; bias_activation: C = activate(act, acc + src[col]);

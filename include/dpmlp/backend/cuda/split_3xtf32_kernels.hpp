@@ -86,6 +86,14 @@ struct Mainloop : Base {
     typename Base::Arguments b{args.ptr_A, args.dA, args.ptr_B, args.dB, args.mma_promotion_interval};
     return K3 % (3 * split_tile_k) == 0 && Base::can_implement(problem_shape, b);
   }
+  // The FP8 mainloop adds each k-tile's sum into `accum` and never clears it, and the persistent kernels
+  // hand it a fresh, uninitialized fragment for every tile: cleared here, so no tile starts from another's sum.
+  template <class FrgTensorC>
+  CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read, FrgTensorC& accum, int k_tile_count,
+                          int thread_idx, TensorStorage& shared_tensors, Params const& params) {
+    cute::clear(accum);
+    Base::mma(pipeline, smem_pipe_read, accum, k_tile_count, thread_idx, shared_tensors, params);
+  }
   CUTLASS_DEVICE static void prefetch_tma_descriptors(Params const& p) {
     Base::prefetch_tma_descriptors(p);
     cute::prefetch_tma_descriptor(p.tma_load_a_lo.get_tma_descriptor());
