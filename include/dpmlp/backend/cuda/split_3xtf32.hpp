@@ -35,8 +35,8 @@ DPMLP_CUDA_ENTRY bool runs_here();
 
 // The GEMM on the Hopper kernels: pingpong 64 x 128 tiles below 16384 rows, cooperative 128 x 128 from
 // there, unless SplitGemm::tile_rows says (both sum an element alike: the same k-tiles in order, the same
-// MMAs, one tile a CTA). Only where
-// runs_here(), for GEMMs split_takes() accepts. Throws CommError if the launch fails.
+// MMAs, one tile a CTA). Only where runs_here(), for GEMMs split_takes() accepts. Throws CommError if the
+// launch fails.
 DPMLP_CUDA_ENTRY void gemm(const Kokkos::Cuda& space, const SplitGemm& g);
 
 // Defined in src/cuda_split.cu (sm_90a).
