@@ -194,8 +194,7 @@ inline void wgmma_gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, c
 
 DPMLP_CUDA_ENTRY bool wgmma_here() {
 #if defined(DPMLP_HAVE_WGMMA)
-  const backend::CudaDevice& d = backend::cuda_device();
-  return d.read && d.major == 9 && d.minor == 0;
+  return backend::sm90a_device();
 #else
   return false;
 #endif

@@ -40,6 +40,13 @@ inline const CudaDevice& cuda_device() {
   return d;
 }
 
+// Whether the current device runs sm_90a code (the wgmma/TMA kernels): compute capability 9.0 exactly, since
+// architecture-specific code runs on no other.
+inline bool sm90a_device() {
+  const CudaDevice& d = cuda_device();
+  return d.read && d.major == 9 && d.minor == 0;
+}
+
 // Whether the current device has TF32 tensor cores (compute capability 8.0 or newer), else why not.
 inline std::string tensor_cores_unavailable() {
   const CudaDevice& d = cuda_device();

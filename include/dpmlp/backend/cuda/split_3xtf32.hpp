@@ -46,8 +46,7 @@ cudaError_t launch(cudaStream_t stream, const SplitGemm& g);
 
 DPMLP_CUDA_ENTRY bool runs_here() {
 #if defined(DPMLP_HAVE_SPLIT3)
-  const backend::CudaDevice& d = backend::cuda_device();
-  return d.read && d.major == 9 && d.minor == 0;
+  return backend::sm90a_device();
 #else
   return false;
 #endif
