@@ -17,8 +17,8 @@
 // cutlass_3xtf32.hpp), and where c_lo is set the GEMM also writes C_lo = tf32_lo(C) for the next GEMM.
 //
 // split_gemm() runs a GEMM on the Hopper kernels where they run (CUDA, compute capability 9.0, the kernels
-// built), else the portable form here (both only for GEMMs split_takes() accepts): the same products and order of tiles, one thread an
-// element of C. The two differ in their last bits (a wgmma truncates its own partial sums), and which runs
+// built), else the portable form here (both only for GEMMs split_takes() accepts): the same products and
+// order of tiles, one thread an element of C. The two differ in their last bits (a wgmma truncates its own partial sums), and which runs
 // is a property of the device, the same on every rank of a run; each gives a row bits that do not depend on
 // the other rows.
 #pragma once
