@@ -18,9 +18,9 @@
 //
 // split_gemm() runs a GEMM on the Hopper kernels where they run (CUDA, compute capability 9.0, the kernels
 // built), else the portable form here (both only for GEMMs split_takes() accepts): the same products and
-// order of tiles, one thread an element of C. The two differ in their last bits (a wgmma truncates its own partial sums), and which runs
-// is a property of the device, the same on every rank of a run; each gives a row bits that do not depend on
-// the other rows.
+// order of tiles, one thread an element of C. The two differ in their last bits (a wgmma truncates its own
+// partial sums), and which runs is a property of the device, the same on every rank of a run; each gives a
+// row bits that do not depend on the other rows.
 #pragma once
 
 #include <cstdint>
