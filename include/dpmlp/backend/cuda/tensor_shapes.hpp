@@ -98,31 +98,45 @@ inline constexpr int deep_rows = 64;         // rows a CTA takes at once (a tile
 inline constexpr int deep_max_outputs = 4;
 inline constexpr int deep_min_layers = 2, deep_max_layers = 4;  // hidden layers
 
-// The deep kernel's shared matrices have rows of C + 4 floats (C columns), and logical row r is stored as row
-// deep_row(r): rows permuted within each group of 8, 0 1 2 3 4 5 6 7 -> 0 2 4 6 1 3 5 7. Rows 0-7 then start
-// at banks 0, 8, 16, 24, 4, 12, 20, 28, so an MMA fragment's 8 rows x 4 columns, its 4 rows x 8 columns (rows
-// t and t + 4: banks 8 t + 0..7 and 8 t + 4 + 0..7) and a row's consecutive columns each hit 32 banks; and row
-// t + 4 sits one row past row t, so a fragment's addresses are a per-thread base plus constants.
-KOKKOS_INLINE_FUNCTION constexpr int deep_row(int r) { return (r & ~7) | (2 * (r & 3) + ((r >> 2) & 1)); }
+// The deep kernel's shared matrices hold each value as two fp16 parts (hi and lo, two planes of rows x C
+// halves, C = 32 or 64 columns) with a power-of-two scale for every 16 rows x 32 columns (f16x3 in mma_ops.hpp).
+// A row's 16-byte chunks are permuted (deep_swizzle), so the eight rows an ldmatrix reads at one logical chunk,
+// and the eight rows of an MMA accumulator's stores, fall in eight distinct 16-byte bank groups.
+KOKKOS_INLINE_FUNCTION constexpr int deep_swizzle(int r, int columns) {
+  return columns == 64 ? (r & 7) : ((r >> 1) & 3);
+}
+// Where element (r, c) of such a plane lives, in halves from its start.
+KOKKOS_INLINE_FUNCTION constexpr int deep_at(int r, int c, int columns) {
+  return r * columns + ((((c >> 3) ^ deep_swizzle(r, columns))) << 3) + (c & 7);
+}
 
-// Shared memory of the deep kernel, in floats, that each group of eight warps takes for its own tiles, for ni
+// Shared memory of the deep kernel, in bytes, that each group of eight warps takes for its own tiles, for ni
 // padded inputs (32 or 64) and `layers` hidden layers: the tile's x (64 x ni), each hidden layer's outputs
-// (64 x 64: the activations in the forward, then, in place, the deltas), the tile's output deltas (64 x 4) and
-// loss terms (64). Each matrix's rows are padded by 4 floats (deep_row).
-inline constexpr std::size_t deep_group_floats(int ni, int layers) {
+// (64 x 64: the activations in the forward, then, in place, the deltas), each in two fp16 planes; the scales
+// of x and of every hidden layer's matrix (4 x 2 each); the tile's output deltas (64 x 4), loss terms (64) and
+// output-layer sums over each half of the last hidden layer (2 x 64 x 4); the block's sums by row group (bias
+// gradients 4 x 64 a layer, output-layer weight gradients 4 x 64 x 4, output-layer biases and loss 2 x 5);
+// rounded up to 128, so every group's planes start at a multiple of 128 bytes (the swizzle's bank groups).
+inline constexpr std::size_t deep_group_bytes(int ni, int layers) {
   const std::size_t R = deep_rows, U = deep_units;
-  return R * (ni + 4) + layers * R * (U + 4) + R * deep_max_outputs + R;
+  const std::size_t b = 4 * (R * ni + layers * R * U) + 4 * (8 * (1 + std::size_t(layers)) + 3 * R * deep_max_outputs + R + 4 * U * (layers + deep_max_outputs) +
+                                                     2 * (deep_max_outputs + 1));
+  return (b + 127) / 128 * 128;
 }
 
 // Shared memory of the deep kernel, in bytes, with `groups` groups a CTA: the weights the groups share (every
-// hidden layer's, ni x 64 then 64 x 64 each, rows padded by 4; their biases, 64 each; the output layer's
-// weights and biases, 64 x 4 + 4), then each group's tiles.
-inline constexpr std::size_t deep_scratch_bytes(int ni, int layers, int groups = 1) {
+// hidden layer's, ni x 64 then 64 x 64 each, in two fp16 planes; their biases, 64 each; the output layer's
+// weights and biases, 64 x 4 + 4; each layer's weight scale and largest magnitude), rounded up to 128, then
+// each group's tiles.
+inline constexpr std::size_t deep_weight_bytes(int ni, int layers) {
   const std::size_t U = deep_units;
-  return ((std::size_t(ni) + (layers - 1) * U) * (U + 4) + layers * U + U * deep_max_outputs + deep_max_outputs +
-          groups * deep_group_floats(ni, layers)) *
-             sizeof(float) +
-         128;
+  const std::size_t b =
+      4 * (std::size_t(ni) + (layers - 1) * U) * U + 4 * (layers * U + U * deep_max_outputs + deep_max_outputs) +
+      8 * std::size_t(layers);
+  return (b + 127) / 128 * 128;
+}
+inline constexpr std::size_t deep_scratch_bytes(int ni, int layers, int groups = 1) {
+  return deep_weight_bytes(ni, layers) + groups * deep_group_bytes(ni, layers) + 128;
 }
 
 // Whether two CTAs of the deep kernel (one group each) fit `per_sm` bytes of shared memory (each CTA also
