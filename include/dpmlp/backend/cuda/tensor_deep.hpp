@@ -5,9 +5,9 @@
 // A group of eight warps takes a reduction block at a time, 64 rows (a tile) at a time, and runs the step for
 // the tile on chip: the forward through every layer, the loss, the backward, and every layer's weight and bias
 // gradients, which stay on chip (hidden layers' weight gradients in registers, the rest in shared memory by row
-// group) until the block's last tile. Its only memory traffic is the tile's x and
-// y and the block's row of partial sums, where the layered engine writes and reads every layer's activations
-// and deltas (some 5 GB a step at 1M rows and 64 units).
+// group) until the block's last tile. Its only memory traffic is the tile's x and y and the block's row of
+// partial sums, where the layered engine writes and reads every layer's activations and deltas (some 5 GB a
+// step at 1M rows and 64 units).
 //
 // Products run as block-scaled 3xFP16 mma.sync.m16n8k16 (f16x3 in mma_ops.hpp). Every matrix an MMA reads
 // sits in shared memory already split, as fp16 hi and lo planes (deep_at) with a power-of-two scale a region
@@ -28,9 +28,9 @@
 //             its column sums (gb_{k-1}) from the epilogue's registers, a fixed butterfly over the rows.
 // Every sum's order is fixed by the block's rows and the widths (the hardware's MMA order, then k ranges, row
 // groups and tiles in order), and every scale by the values it scales, so a step's bits do not depend on the
-// rank count.
-// Padded units have zero weights and biases, so their activations and deltas are exact zeros; rows past the
-// block's end or outside the window get zero output deltas, so their deltas are zeros and add nothing.
+// rank count. Padded units have zero weights and biases, so their activations and deltas are exact zeros;
+// rows past the block's end or outside the window get zero output deltas, so their deltas are zeros and add
+// nothing.
 #pragma once
 
 #include <Kokkos_Core.hpp>
@@ -508,7 +508,7 @@ struct TensorDeepKernel : DeepProblem {
           if (lane == 0) gbo[NO4] += term;
         }
         s.sync();
-        // D_{L-1} = (D_L W_L^T) .* act'(H_L), over H_L, by the warps' shares (rows fr0_t + 0..15, lane_t a unit),
+        // D_{L-1} = (D_L W_L^T) .* act'(H_L), over H_L, by the warps' shares (their 16 rows, a lane a unit),
         // with the output layer's weight gradients and the column sums of D_{L-1} over the share's rows.
         {
           const int u = fc0_t + lane_t;

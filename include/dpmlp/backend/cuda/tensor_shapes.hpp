@@ -119,8 +119,10 @@ KOKKOS_INLINE_FUNCTION constexpr int deep_at(int r, int c, int columns) {
 // rounded up to 128, so every group's planes start at a multiple of 128 bytes (the swizzle's bank groups).
 inline constexpr std::size_t deep_group_bytes(int ni, int layers) {
   const std::size_t R = deep_rows, U = deep_units;
-  const std::size_t b = 4 * (R * ni + layers * R * U) + 4 * (8 * (1 + std::size_t(layers)) + 3 * R * deep_max_outputs + R + 4 * U * (layers + deep_max_outputs) +
-                                                     2 * (deep_max_outputs + 1));
+  const std::size_t planes = 4 * (R * ni + layers * R * U);  // two halves a value
+  const std::size_t floats = 8 * (1 + std::size_t(layers)) + 3 * R * deep_max_outputs + R +
+                             4 * U * (layers + deep_max_outputs) + 2 * (deep_max_outputs + 1);
+  const std::size_t b = planes + 4 * floats;
   return (b + 127) / 128 * 128;
 }
 
