@@ -60,6 +60,7 @@ struct Options {
   dpmlp::Engine engine = dpmlp::Engine::automatic;
   std::string gemm = "default";
   dpmlp::Toggle split_operands = dpmlp::Toggle::automatic;
+  dpmlp::Toggle gemm_3xfp16 = dpmlp::Toggle::automatic;
   bool graph = false, allow_cpu = false;
 };
 
@@ -126,6 +127,9 @@ cli::Parser command_line(Options& o) {
   p.custom("--split-operands", "automatic|off|on", dpmlp::toggle_name(o.split_operands),
            "the layered engine's GEMMs over operands split in memory (EngineOptions::split_operands)",
            [&o](const cli::Args& a, int& i) { o.split_operands = dpmlp::toggle_from_name(a.value(i)); });
+  p.custom("--gemm-3xfp16", "automatic|off|on", dpmlp::toggle_name(o.gemm_3xfp16),
+           "the layered engine's cutlass GEMMs on the block-scaled 3xFP16 kernels (EngineOptions::gemm_3xfp16)",
+           [&o](const cli::Args& a, int& i) { o.gemm_3xfp16 = dpmlp::toggle_from_name(a.value(i)); });
   p.flag("--graph", o.graph,
          "replay steps as a CUDA graph where the trainer can (TrainerOptions::cuda_graph: CUDA, NCCL, sgd)");
   p.value("--repeats", "R", o.repeats, "timed repeats, each a fresh trainer from the same parameters");
@@ -257,6 +261,7 @@ dpmlp::TrainerOptions trainer_options(const Options& o) {
   topt.cuda_graph = o.graph;
   topt.engine = o.engine;
   topt.split_operands = o.split_operands;
+  topt.gemm_3xfp16 = o.gemm_3xfp16;
   if (o.gemm != "default") {
     bool known = false;
     for (auto b : {dpmlp::linalg::Backend::eigen, dpmlp::linalg::Backend::cublas, dpmlp::linalg::Backend::portable,
@@ -348,6 +353,7 @@ int bench(const Options& o, const Optimizer& optimizer) {
             ", \"gemm\": " + json_string(r.plan.engine == dpmlp::Engine::layered ? dpmlp::linalg::backend_name(r.plan.gemm) : "none") +
             ", \"gemm_wgmma\": " + (r.plan.gemm_wgmma ? "true" : "false") +
             ", \"gemm_split\": " + (r.plan.gemm_split ? "true" : "false") +
+            ", \"gemm_f16x3\": " + (r.plan.gemm_f16x3 ? "true" : "false") +
             ", \"block_rows\": " + std::to_string(r.block_rows) + ", \"graph\": " + (o.graph ? "true" : "false") +
             ", \"repeats\": " + std::to_string(o.repeats) + ", \"times_ms\": [";
     for (std::size_t i = 0; i < r.ms.size(); ++i) line += (i ? ", " : "") + json_number(r.ms[i], "%.3f");

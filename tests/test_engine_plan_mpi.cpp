@@ -98,6 +98,25 @@ TEST_CASE("the plan resolves the engine from the model and the space", "[plan]")
     CHECK(!plan(shape({32, 256, 256, 1}), 20000, portable, 1, hopper).gemm_wgmma);
     CHECK(plan(shape({32, 256, 256, 1}), 20000, portable, 1, hopper).sums_key() ==
           plan(shape({32, 256, 256, 1}), 20000, portable).sums_key());
+    // The 3xFP16 GEMMs (experimental) run where asked for and they can: they sum otherwise again.
+    dpmlp::EngineCaps f16 = h200();
+    f16.cutlass_on_f16x3 = true;
+    dpmlp::EngineOptions f16_on = cutlass;
+    f16_on.gemm_3xfp16 = dpmlp::Toggle::on;
+    const dpmlp::EnginePlan on_f16x3 = plan(shape({32, 256, 256, 1}), 20000, f16_on, 1, f16);
+    CHECK(on_f16x3.gemm_f16x3);
+    CHECK(!on_f16x3.gemm_wgmma);
+    CHECK(!plan(shape({32, 256, 256, 1}), 20000, cutlass, 1, f16).gemm_f16x3);  // automatic: off
+    CHECK(on_f16x3.sums_key() != plan(shape({32, 256, 256, 1}), 20000, cutlass, 1, f16).sums_key());
+    CHECK(on_f16x3.sums_key() != on_wgmma.sums_key());
+    CHECK(on_f16x3.describe().find("cutlass, 3xFP16") != std::string::npos);
+    // Refused, with the reason, where they cannot run.
+    hopper.cutlass_on_f16x3 = true;
+    CHECK_THROWS_WITH(plan(shape({32, 256, 256, 1}), 20000, f16_on, 1, hopper), Catch::Contains("wgmma"));
+    CHECK_THROWS_WITH(plan(shape({32, 256, 256, 1}), 20000, f16_on), Catch::Contains("compute capability 8.0"));
+    dpmlp::EngineOptions f16_portable = portable;
+    f16_portable.gemm_3xfp16 = dpmlp::Toggle::on;
+    CHECK_THROWS_WITH(plan(shape({32, 256, 256, 1}), 20000, f16_portable, 1, f16), Catch::Contains("not cutlass"));
     // Where the split-operand kernels run, the layered engine's float GEMMs take them (other sums again);
     // asked off, or with other GEMMs, not; asked on, anywhere, and refused for double and other engines.
     dpmlp::EngineCaps unsplit_caps = h200();

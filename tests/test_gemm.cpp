@@ -5,9 +5,11 @@
 // element's bits do not depend on the batch count, its batch index, m or n (the tile shape the kernel
 // picks). Runs on the default execution space: Serial in a CPU build (the tiled kernel's host form), the
 // GPU in a device build. Also, on any build, the index arithmetic of the Hopper wgmma kernels
-// (backend/cuda/wgmma_layout.hpp) against the layout their MMA descriptors describe.
+// (backend/cuda/wgmma_layout.hpp) against the layout their MMA descriptors describe, and that of the 3xFP16
+// kernels (backend/cuda/f16x3_layout.hpp) against ldmatrix's and mma.sync's fragment layouts.
 #include <catch2/catch.hpp>
 
+#include <dpmlp/backend/cuda/f16x3_layout.hpp>
 #include <dpmlp/backend/cuda/wgmma_layout.hpp>
 #include <dpmlp/linalg/gemm.hpp>
 
@@ -383,5 +385,90 @@ TEST_CASE("wgmma layout: the split stores put every element where the descriptor
     }
     CHECK(wrong == 0);
     CHECK(std::count(seen.begin(), seen.end(), 1) == 64 * n);
+  }
+}
+
+namespace {
+
+// A model of one operand k-tile in the 3xFP16 kernels' shared memory: every value's (f, k) stored where the
+// kernels' split stores put it, then read back as ldmatrix.x4 (.trans for k-major planes) does from the
+// addresses the kernels' lanes give: lane t's register q holds quarter q's (row t/4, columns 2(t%4), +1)
+// (read as stored) or (rows 2(t%4), +1; column t/4) (transposed), a quarter being the eight rows of eight
+// halves that lanes 8q .. 8q+7 point at.
+template <bool FreeMajor, int F>
+void check_f16x3_tile() {
+  namespace l = dpmlp::backend::f16x3_layout;
+  constexpr int K = l::k_tile;
+  const int none = -1;
+  std::vector<int> plane(static_cast<std::size_t>(F * K), none);  // the (f, k) stored there, as f * K + k
+  int collisions = 0;
+  for (int region = 0; region < F / 16; ++region) {
+    for (int lane = 0; lane < 32; ++lane) {
+      for (int i = 0; i < 4; ++i) {
+        const l::Coord e = l::region_element<FreeMajor>(lane, i);
+        const int at = l::plane_at<FreeMajor, F>(16 * region + e.f, e.k);
+        REQUIRE(at % 4 == 0);  // the kernels store a float4's four halves with one 8-byte store
+        for (int c = 0; c < 4; ++c) {  // the four values along the contiguous dimension
+          const int f = 16 * region + e.f + (FreeMajor ? 0 : c), k = e.k + (FreeMajor ? c : 0);
+          REQUIRE(at + c < F * K);
+          collisions += plane[at + c] != none;
+          plane[at + c] = f * K + k;
+        }
+      }
+    }
+  }
+  CHECK(collisions == 0);
+  CHECK(std::count(plane.begin(), plane.end(), none) == 0);
+  // Each 16 x 16 block, as an A fragment and as two B fragments.
+  int wrong = 0, misaligned = 0, conflicts = 0;
+  for (int f0 = 0; f0 < F; f0 += 16) {
+    for (int k0 = 0; k0 < K; k0 += 16) {
+      for (const bool pairs : {false, true}) {
+        std::array<int, 32> addr{};
+        for (int lane = 0; lane < 32; ++lane) {
+          const l::Coord row =
+              pairs ? l::ldsm_row<FreeMajor, true>(f0, k0, lane) : l::ldsm_row<FreeMajor, false>(f0, k0, lane);
+          addr[lane] = l::plane_at<FreeMajor, F>(row.f, row.k);
+          misaligned += addr[lane] % 8 != 0;  // 16 bytes
+        }
+        for (int q = 0; q < 4; ++q) {  // a quarter's eight rows in eight distinct 16-byte bank groups
+          std::array<int, 8> groups{};
+          for (int r = 0; r < 8; ++r) groups[r] = (addr[8 * q + r] / 8) % 8;
+          std::sort(groups.begin(), groups.end());
+          conflicts += std::unique(groups.begin(), groups.end()) != groups.end();
+        }
+        for (int t = 0; t < 32; ++t) {
+          for (int q = 0; q < 4; ++q) {
+            for (int h = 0; h < 2; ++h) {
+              // What ldmatrix gives lane t in register q, half h.
+              const int got = FreeMajor ? plane[addr[8 * q + t / 4] + 2 * (t % 4) + h]
+                                        : plane[addr[8 * q + 2 * (t % 4) + h] + t / 4];
+              // What the MMA wants there: A (row-major 16 x 16): a0 (row g, k 2t'), a1 (g + 8), a2 (k + 8),
+              // a3 (both); B pairs: {b0, b1} of the n-tile f 0-7 (k 2t', k 2t' + 8), then of f 8-15.
+              const int g = t / 4, kk = 2 * (t % 4) + h;
+              const int f = f0 + g + 8 * (pairs ? (q >> 1) : (q & 1));
+              const int k = k0 + kk + 8 * (pairs ? (q & 1) : (q >> 1));
+              wrong += got != f * K + k;
+            }
+          }
+        }
+      }
+    }
+  }
+  CHECK(wrong == 0);
+  CHECK(misaligned == 0);
+  CHECK(conflicts == 0);
+}
+
+}  // namespace
+
+TEST_CASE("3xFP16 layout: every value stored once, and ldmatrix gives each MMA its fragments", "[gemm]") {
+  SECTION("free-major (k contiguous), 64 and 128 rows") {
+    check_f16x3_tile<true, 64>();
+    check_f16x3_tile<true, 128>();
+  }
+  SECTION("k-major (the free dimension contiguous), 64 and 128 columns") {
+    check_f16x3_tile<false, 64>();
+    check_f16x3_tile<false, 128>();
   }
 }

@@ -737,7 +737,8 @@ TEST_CASE("tensor engine, deep kernel: value_and_grad matches the fp64 reference
 namespace {
 // A row's bits do not depend on the rows in the GEMM, a block's on the blocks in the batch: the property the
 // reproducible reduction needs from a GEMM backend, checked for `backend`.
-void check_rows_and_blocks_independent(dpmlp::linalg::Backend backend) {
+// f16x3: the cutlass backend's GEMMs of n >= 64 on the 3xFP16 kernels (BatchedGemm::f16x3).
+void check_rows_and_blocks_independent(dpmlp::linalg::Backend backend, bool f16x3 = false) {
   using dpmlp::linalg::Backend;
   using dpmlp::linalg::Op;
   // Enough rows that the whole GEMM and the longest span run other tiles than the short spans.
@@ -752,6 +753,7 @@ void check_rows_and_blocks_independent(dpmlp::linalg::Backend backend) {
       if (epilogue && ob == Op::T) continue;
       // Rows [0, rows) in one GEMM, then rows [1000, 1000 + span) alone, for spans of several sizes (and tiles).
       dpmlp::linalg::BatchedGemm<float> g;
+      g.f16x3 = f16x3;
       g.op_b = ob;
       g.m = rows;
       g.n = n;
@@ -784,7 +786,7 @@ void check_rows_and_blocks_independent(dpmlp::linalg::Backend backend) {
             scale = std::max(scale, std::abs(ref));
           }
         }
-        INFO("op_b " << (ob == Op::N ? "N" : "T") << ": max error " << worst << " of max |C| " << scale);
+        INFO("op_b " << (ob == Op::N ? "N" : "T") << ", 3xFP16 " << f16x3 << ": max error " << worst << " of max |C| " << scale);
         CHECK(worst <= 1e-6 * scale);
       }
       for (int span : {1, 7, 64, 1000, 3999, 17000}) {
@@ -808,6 +810,7 @@ void check_rows_and_blocks_independent(dpmlp::linalg::Backend backend) {
   dpmlp::random::normal(Space(), dpmlp::random::PRNGKey(8), x, 0);
   dpmlp::random::normal(Space(), dpmlp::random::PRNGKey(9), d, 0);
   dpmlp::linalg::BatchedGemm<float> g;
+  g.f16x3 = f16x3;
   g.op_a = Op::T;
   g.m = in;
   g.n = out;
@@ -882,6 +885,7 @@ TEST_CASE("cutlass: a row's bits do not depend on the rows in the GEMM, a block'
 #if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUTLASS)
   if (std::is_same<Space, Kokkos::Cuda>::value) {
     check_rows_and_blocks_independent(dpmlp::linalg::Backend::cutlass);
+    check_rows_and_blocks_independent(dpmlp::linalg::Backend::cutlass, true);
     return;
   }
 #endif
@@ -893,9 +897,10 @@ namespace {
 // One GEMM of the cutlass backend against an fp64 product, every element: C = op(A) op(B) (alpha 1, or alpha
 // and beta on the old C), with the bias-and-activation or activation-gradient epilogue or none. Shapes that
 // are not multiples of any tile (m, n, k; batches of blocks whose C rows sit at odd offsets) reach every
-// predicate of the kernels; n >= 64 runs the wgmma kernels on a Hopper GPU, n < 64 CUTLASS's.
+// predicate of the kernels; n >= 64 runs the 3xFP16 kernels (the wgmma kernels instead on a Hopper GPU in a
+// build with them), n < 64 CUTLASS's.
 using OddGemm = dpmlp_test::EpilogueGemm;
-void check_odd_gemm(const OddGemm& t) {
+void check_odd_gemm(const OddGemm& t, bool f16x3) {
   using dpmlp::linalg::Op;
   const bool at = t.op_a == Op::T, bt = t.op_b == Op::T;
   const std::int64_t sa = std::int64_t(t.m) * t.k, sb = std::int64_t(t.k) * t.n;
@@ -914,6 +919,7 @@ void check_odd_gemm(const OddGemm& t) {
   g.b = b.data(), g.ldb = bt ? t.k : t.n, g.stride_b = sb;
   g.c = c.data() + (t.batch > 1 ? 1 : 0), g.ldc = t.n, g.stride_c = sc;
   g.alpha = t.alpha, g.beta = t.beta, g.batch = t.batch, g.blocks = t.batch > 1;
+  g.f16x3 = f16x3;
   bool fused = true;
   if (t.epilogue == 1) {
     fused = dpmlp::linalg::gemm_with_bias(Space(), dpmlp::linalg::Backend::cutlass, g, bias.data(), t.act);
@@ -931,7 +937,7 @@ void check_odd_gemm(const OddGemm& t) {
   const std::int64_t off = t.batch > 1 ? 1 : 0;
   const double worst = dpmlp_test::epilogue_gemm_error(
       t, {ha.data(), hb.data(), hbias.data(), hy.data(), c_old.data(), hc.data(), sa, sb, sc, off});
-  INFO("op " << (at ? 'T' : 'N') << (bt ? 'T' : 'N') << ", " << t.m << " x " << t.n << " x " << t.k << ", batch "
+  INFO("3xFP16 " << f16x3 << ", op " << (at ? 'T' : 'N') << (bt ? 'T' : 'N') << ", " << t.m << " x " << t.n << " x " << t.k << ", batch "
              << t.batch << ", epilogue " << t.epilogue << ": max error / sum |terms| " << worst);
   CHECK(worst <= 2e-6);
 }
@@ -1089,7 +1095,84 @@ TEST_CASE("cutlass: every layout and fused epilogue at fp32 accuracy, on shapes 
         {Op::T, Op::N, 36, 200, 100, 3, 0, Activation::identity, 1.0f, 0.0f},
         {Op::T, Op::N, 256, 256, 1000, 2, 0, Activation::identity, 1.0f, 0.0f},
     };
-    for (const OddGemm& t : cases) check_odd_gemm(t);
+    for (const bool f16x3 : {false, true}) {
+      for (const OddGemm& t : cases) check_odd_gemm(t, f16x3);
+    }
+    return;
+  }
+#endif
+  WARN("the CUTLASS 3xTF32 backend runs on CUDA builds with CUTLASS only; not run here");
+}
+
+TEST_CASE("cutlass: rows and columns of very different magnitudes keep fp32 accuracy", "[mlp][linalg]") {
+#if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUTLASS)
+  if (std::is_same<Space, Kokkos::Cuda>::value) {
+    // CUTLASS's 3xTF32 kernels, and the 3xFP16 ones, which scale each row of op(A) and each column of op(B)
+    // over each 32 k (fp16's range is narrow): rows and columns
+    // 2^-60 .. 2^60 apart (deltas beside activations), an all-zero row, a row with one value, and values
+    // within a row 2^40 apart must each keep their own terms' fp32 accuracy, in every layout.
+    using dpmlp::linalg::Op;
+    const int m = 300, n = 96, k = 100;
+    std::mt19937 gen(11);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> a(std::size_t(m) * k), b(std::size_t(k) * n);  // op(A) m x k and op(B) k x n, row-major
+    for (int i = 0; i < m; ++i) {
+      for (int p = 0; p < k; ++p) {
+        float v = std::ldexp(nd(gen), -60 + 15 * (i % 9));
+        if (i % 5 == 1 && p % 3 == 0) v = std::ldexp(v, -40);
+        if (i == 7 || (i == 8 && p != 50)) v = 0.0f;
+        a[std::size_t(i) * k + p] = v;
+      }
+    }
+    for (int p = 0; p < k; ++p) {
+      for (int j = 0; j < n; ++j) b[std::size_t(p) * n + j] = std::ldexp(nd(gen), -30 + 10 * (j % 7));
+    }
+    for (const bool f16x3 : {false, true}) {
+      for (Op oa : {Op::N, Op::T}) {
+        for (Op ob : {Op::N, Op::T}) {
+          if (oa == Op::T && ob == Op::T) continue;
+          Kokkos::View<float*, Memory> da("a", a.size()), db("b", b.size()), dc("c", std::size_t(m) * n);
+          auto ha = Kokkos::create_mirror_view(da);
+          auto hb = Kokkos::create_mirror_view(db);
+          for (int i = 0; i < m; ++i) {
+            for (int p = 0; p < k; ++p) {
+              ha(oa == Op::N ? std::size_t(i) * k + p : std::size_t(p) * m + i) = a[std::size_t(i) * k + p];
+            }
+          }
+          for (int p = 0; p < k; ++p) {
+            for (int j = 0; j < n; ++j) {
+              hb(ob == Op::N ? std::size_t(p) * n + j : std::size_t(j) * k + p) = b[std::size_t(p) * n + j];
+            }
+          }
+          Kokkos::deep_copy(da, ha);
+          Kokkos::deep_copy(db, hb);
+          dpmlp::linalg::BatchedGemm<float> g;
+          g.op_a = oa, g.op_b = ob, g.m = m, g.n = n, g.k = k;
+          g.a = da.data(), g.lda = oa == Op::N ? k : m;
+          g.b = db.data(), g.ldb = ob == Op::N ? n : k;
+          g.c = dc.data(), g.ldc = n;
+          g.blocks = oa == Op::T;
+          g.f16x3 = f16x3;
+          dpmlp::linalg::gemm(Space(), dpmlp::linalg::Backend::cutlass, g);
+          auto hc = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), dc);
+          double worst = 0;
+          for (int i = 0; i < m; ++i) {
+            for (int j = 0; j < n; ++j) {
+              double ref = 0, mag = 0;
+              for (int p = 0; p < k; ++p) {
+                const double t = double(a[std::size_t(i) * k + p]) * double(b[std::size_t(p) * n + j]);
+                ref += t, mag += std::fabs(t);
+              }
+              const double err = std::fabs(double(hc(std::size_t(i) * n + j)) - ref);
+              worst = dpmlp_test::nan_max(worst, mag > 0 ? err / mag : err);
+            }
+          }
+          INFO("3xFP16 " << f16x3 << ", op " << (oa == Op::T ? 'T' : 'N') << (ob == Op::T ? 'T' : 'N')
+               << ": max error / sum |terms| " << worst);
+          CHECK(worst <= 2e-6);
+        }
+      }
+    }
     return;
   }
 #endif

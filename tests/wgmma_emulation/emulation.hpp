@@ -34,7 +34,8 @@
 #define __host__
 #define __global__
 #define __shared__
-#define __launch_bounds__(x)
+#define __launch_bounds__(...)
+#define __forceinline__
 
 typedef int cudaError_t;
 typedef void* cudaStream_t;
@@ -46,6 +47,7 @@ inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(8) float2 { float x, y; };
 struct alignas(16) uint4 { unsigned x, y, z, w; };
+struct alignas(8) uint2 { unsigned x, y; };
 inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 inline float2 make_float2(float a, float b) { return {a, b}; }
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
@@ -225,16 +227,20 @@ inline void mma(float (&d)[R], std::uint64_t da, std::uint64_t db, int scale_d) 
   }
 }
 
-// kernel<<<grid, 128, bytes, stream>>>(p): 128 threads run every CTA of the grid in turn, shared memory
-// refilled with NaN between CTAs.
+// What runs when a thread begins and ends a CTA (a model's per-thread state), beside the wgmma model's own.
+inline void (*cta_begin)() = nullptr;
+inline void (*cta_end)() = nullptr;
+
+// kernel<<<grid, threads, bytes, stream>>>(p): `threads` threads run every CTA of the grid in turn, shared
+// memory refilled with NaN between CTAs.
 template <class Kernel, class P>
-void launch(Kernel kernel, dim3 grid, std::size_t bytes, cudaStream_t, const P& p) {
+void launch_threads(Kernel kernel, dim3 grid, unsigned thread_count, std::size_t bytes, cudaStream_t, const P& p) {
   if (bytes + smem_base > sizeof(window)) fail("more dynamic shared memory than a CTA has");
   smem_bytes = bytes;
-  Barrier barrier(128);
+  Barrier barrier(static_cast<int>(thread_count));
   cta_barrier = &barrier;
   std::vector<std::thread> threads;
-  for (unsigned t = 0; t < 128; ++t) {
+  for (unsigned t = 0; t < thread_count; ++t) {
     threads.emplace_back([&, t] {
       threadIdx.x = t;
       for (unsigned y = 0; y < grid.y; ++y) {
@@ -244,7 +250,9 @@ void launch(Kernel kernel, dim3 grid, std::size_t bytes, cudaStream_t, const P& 
           barrier.arrive_and_wait(false);
           blockIdx.x = x, blockIdx.y = y;
           warpgroup = Warpgroup();
+          if (cta_begin != nullptr) cta_begin();
           kernel(p);
+          if (cta_end != nullptr) cta_end();
           if (!warpgroup.open.empty() || !warpgroup.committed.empty()) fail("a thread ended with MMAs pending");
           barrier.arrive_and_wait(false);
         }
@@ -252,6 +260,11 @@ void launch(Kernel kernel, dim3 grid, std::size_t bytes, cudaStream_t, const P& 
     });
   }
   for (std::thread& th : threads) th.join();
+}
+// kernel<<<grid, 128, bytes, stream>>>(p): one warpgroup a CTA.
+template <class Kernel, class P>
+void launch(Kernel kernel, dim3 grid, std::size_t bytes, cudaStream_t stream, const P& p) {
+  launch_threads(kernel, grid, 128, bytes, stream, p);
 }
 
 // What the extracted wgmma_gemm() calls its execution space.

@@ -151,6 +151,7 @@ class BlockEngine {
 #if defined(DPMLP_HAVE_CUTLASS)
       if constexpr (std::is_same_v<Scalar, float>) {
         c.cutlass_on_wgmma = linalg::cutlass_3xtf32::wgmma_here();
+        c.cutlass_on_f16x3 = linalg::cutlass_3xtf32::f16x3_here();
         c.split_operands = linalg::split_3xtf32::runs_here();
       }
 #endif
@@ -930,6 +931,7 @@ class BlockEngine {
                  int ld_w, Scalar* out, int ld_out, Fuse fuse = Fuse::none, const Scalar* src = nullptr,
                  std::int64_t ld_src = 0, Activation act = Activation::identity) const {
     linalg::BatchedGemm<Scalar> g;
+    g.f16x3 = plan_.gemm_f16x3;
     g.op_b = op_w;
     g.n = n;
     g.k = k;
@@ -969,6 +971,7 @@ class BlockEngine {
                            std::size_t off) const {
     const std::int64_t full = rows_ / plan_.block_rows, tail = rows_ - full * plan_.block_rows;
     linalg::BatchedGemm<Scalar> g;
+    g.f16x3 = plan_.gemm_f16x3;
     g.op_a = linalg::Op::T;
     g.op_b = linalg::Op::N;
     g.m = n_in;

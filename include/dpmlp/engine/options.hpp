@@ -113,6 +113,13 @@ struct EngineOptions {
   // (slow: one thread an element); refused for double and for an engine other than the layered one asked
   // for. The bits differ from those of the GEMMs that split in registers.
   Toggle split_operands = Toggle::automatic;
+  // Whether the layered engine's float GEMMs of 64 or more columns on the cutlass backend run on dpmlp's
+  // block-scaled 3xFP16 kernels (backend/cuda/gemm_f16x3_kernels.hpp: each operand split in shared memory
+  // into fp16 hi and lo parts with a power-of-two scale a row (column) and 32 k, FP16 tensor-core MMAs) rather
+  // than CUTLASS's 3xTF32 kernels, on a GPU of compute capability 8.0 or newer. Experimental: automatic is off;
+  // on is refused where they cannot run (another engine or GEMM backend, double, an older GPU or none, or
+  // where the wgmma kernels take those GEMMs). The bits differ from CUTLASS's.
+  Toggle gemm_3xfp16 = Toggle::automatic;
 };
 
 }  // namespace dpmlp

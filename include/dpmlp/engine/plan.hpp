@@ -58,6 +58,7 @@ struct EngineCaps {
   linalg::Backend gemm_reproducible = linalg::Backend::portable;  // the layered engine's default GEMMs
   linalg::Backend gemm_fast = linalg::Backend::portable;
   bool cutlass_on_wgmma = false;  // the cutlass backend runs Hopper's wgmma kernels here (float; other bits)
+  bool cutlass_on_f16x3 = false;  // dpmlp's block-scaled 3xFP16 kernels can run here (float; other bits)
   bool split_operands = false;    // the split-operand GEMMs run on Hopper's kernels here (linalg/split_gemm.hpp)
 };
 
@@ -92,6 +93,7 @@ struct EnginePlan {
   int leaf_group = 1;  // blocks a row of the engine's partial sums (and a leaf of the block tree) holds
   linalg::Backend gemm = linalg::Backend::portable;
   bool gemm_wgmma = false;  // the layered engine's cutlass GEMMs run on the wgmma kernels (EngineCaps)
+  bool gemm_f16x3 = false;  // ... those of n >= 64 on the block-scaled 3xFP16 kernels (EngineOptions::gemm_3xfp16)
   bool gemm_split = false;  // its forward and delta GEMMs run over split operands (EngineOptions::split_operands)
   bool split_hopper = false;  // ... on Hopper's kernels (EngineCaps::split_operands), not the portable form
 
@@ -100,18 +102,18 @@ struct EnginePlan {
   }
   // What fixes a step's bits, so every rank must plan alike: the engine, the kernel family (the two
   // register-resident schedules sum alike), the block, the leaf group and the layered engine's GEMMs (and
-  // whether those run on wgmma, or over split operands on Hopper's kernels or in the portable form: a Hopper
-  // rank and an Ampere rank would not sum alike).
+  // whether those run on wgmma or in 3xFP16, or over split operands on Hopper's kernels or in the portable
+  // form: a Hopper rank and an Ampere rank would not sum alike).
   std::int64_t sums_key() const {
     const int split = gemm_split ? (split_hopper ? 2 : 1) : 0;
-    const int gemm_key =
-        engine == Engine::layered ? (static_cast<int>(gemm) * 2 + (gemm_wgmma ? 1 : 0)) * 3 + split : 0;
+    const int kernels = gemm_wgmma ? 1 : gemm_f16x3 ? 2 : 0;
+    const int gemm_key = engine == Engine::layered ? (static_cast<int>(gemm) * 3 + kernels) * 3 + split : 0;
     const int family = register_resident() ? 3 : static_cast<int>(kernel);
-    // leaf_group <= 8; gemm_key < 32 (backend < 5)
-    return (((block_rows * 16 + leaf_group) * 8 + family) * 8 + static_cast<int>(engine)) * 32 + gemm_key;
+    // leaf_group <= 8; gemm_key < 64 (backend < 5)
+    return (((block_rows * 16 + leaf_group) * 8 + family) * 8 + static_cast<int>(engine)) * 64 + gemm_key;
   }
   std::string describe() const {
-    return std::string(kernel_name(kernel)) + (engine == Engine::layered ? std::string(" (") + linalg::backend_name(gemm) + (gemm_wgmma ? " on wgmma" : "") + (gemm_split ? (split_hopper ? ", split operands" : ", split operands (portable)") : "") + ")" : std::string()) + ", " + std::to_string(block_rows) + "-row blocks" +
+    return std::string(kernel_name(kernel)) + (engine == Engine::layered ? std::string(" (") + linalg::backend_name(gemm) + (gemm_wgmma ? " on wgmma" : gemm_f16x3 ? ", 3xFP16" : "") + (gemm_split ? (split_hopper ? ", split operands" : ", split operands (portable)") : "") + ")" : std::string()) + ", " + std::to_string(block_rows) + "-row blocks" +
            (leaf_group > 1 ? ", leaves of " + std::to_string(leaf_group) + " blocks" : "");
   }
 };
@@ -347,6 +349,16 @@ inline EnginePlan plan_engine(const ModelShape& m, const EngineCaps& caps, const
                  (o.split_operands == Toggle::on ||
                   (o.split_operands == Toggle::automatic && p.gemm == linalg::Backend::cutlass && caps.split_operands));
   p.split_hopper = p.gemm_split && caps.split_operands;
+  if (o.gemm_3xfp16 == Toggle::on) {
+    const char* why = p.engine != Engine::layered                ? "the plan's engine is not the layered one"
+                      : m.scalar_bytes != sizeof(float)         ? "the model is double"
+                      : p.gemm != linalg::Backend::cutlass      ? "the GEMM backend is not cutlass"
+                      : !caps.cutlass_on_f16x3                  ? "no CUDA GPU of compute capability 8.0 or newer"
+                      : p.gemm_wgmma                            ? "the wgmma kernels take those GEMMs here"
+                                                                : nullptr;
+    if (why != nullptr) throw InputError(std::string("dpmlp: gemm_3xfp16 on: the 3xFP16 GEMMs cannot run: ") + why);
+    p.gemm_f16x3 = true;
+  }
   switch (p.engine) {
     case Engine::fused: p.kernel = Kernel::fused; break;
     case Engine::host: p.kernel = Kernel::host; break;

@@ -68,6 +68,9 @@ struct BatchedGemm {
   // A batch of blocks whose count varies (with the rank count), even when it is 1 here: the backends whose
   // choice of kernel depends on the free dimension (cublaslt) take the batch count as free, not m.
   bool blocks = false;
+  // float on the cutlass backend: the GEMM may run on the block-scaled 3xFP16 kernels (EnginePlan::gemm_f16x3;
+  // cutlass_3xtf32.hpp, runs_on_f16x3), whose bits differ from CUTLASS's.
+  bool f16x3 = false;
 };
 
 namespace detail {

@@ -99,6 +99,17 @@ DPMLP_CUDA_ENTRY bool wgmma_here();
 // only, never from m or the batch count, so every rank picks the same kernels for the same GEMM.
 inline bool runs_on_wgmma(const BatchedGemm<float>& g) { return g.n >= 64 && wgmma_here(); }
 
+// Whether dpmlp's block-scaled 3xFP16 kernels (gemm_f16x3_kernels.hpp; experimental) can run here: a device of
+// compute capability 8.0 or newer.
+DPMLP_CUDA_ENTRY bool f16x3_here();
+
+// Whether g (one that takes() accepts) runs on them: where it asks to (BatchedGemm::f16x3, which the layered
+// engine sets from EnginePlan::gemm_f16x3: their bits differ from CUTLASS's), at n >= 64, not on wgmma.
+// Decided from the request, n and the device only, never from m or the batch count.
+inline bool runs_on_f16x3(const BatchedGemm<float>& g) {
+  return g.f16x3 && g.n >= 64 && !runs_on_wgmma(g) && f16x3_here();
+}
+
 // C = alpha op(A) op(B) (+ beta C), or with a fused epilogue (Epilogue). Only for GEMMs takes() accepts.
 DPMLP_CUDA_ENTRY void gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Epilogue& e = Epilogue());
 

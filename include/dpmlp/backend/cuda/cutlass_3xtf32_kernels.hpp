@@ -16,6 +16,7 @@
 
 #include "dpmlp/backend/cuda/cutlass_3xtf32.hpp"
 #include "dpmlp/backend/cuda/device.hpp"
+#include "dpmlp/backend/cuda/gemm_f16x3_kernels.hpp"
 #include "dpmlp/errors.hpp"
 #if defined(DPMLP_HAVE_WGMMA)
 #include "dpmlp/backend/cuda/wgmma_3xtf32.hpp"
@@ -190,7 +191,42 @@ inline void wgmma_gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, c
 }
 #endif
 
+// The block-scaled 3xFP16 kernels (gemm_f16x3_kernels.hpp): large tiles where they still give every
+// multiprocessor a tile, as for CUTLASS's kernels (the tile changes no bits).
+inline void f16x3_gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Epilogue& e) {
+  namespace f = gemm_f16x3;
+  const f::Out out = e.kind == Epi::bias_activation   ? f::Out::bias_activation
+                     : e.kind == Epi::activation_grad ? f::Out::activation_grad
+                                                      : f::Out::linear;
+  const std::int64_t large_tiles = g.batch * ((g.m + 127) / 128) * ((g.n + 127) / 128);
+  const bool large = g.m >= 128 && g.n >= 128 && large_tiles >= backend::cuda_device().sms &&
+                     (g.op_a == Op::T || g.m >= 16384);
+  in_launch_chunks(g, [&](const BatchedGemm<float>& part, std::int64_t) {
+    f::Params p;
+    p.m = part.m, p.n = part.n, p.k = part.k;
+    p.a = part.a, p.lda = part.lda, p.stride_a = part.stride_a;
+    p.b = part.b, p.ldb = part.ldb, p.stride_b = part.stride_b;
+    p.c = part.c, p.ldc = part.ldc, p.stride_c = part.stride_c;
+    p.alpha = part.alpha, p.beta = part.beta;
+    p.src = e.src, p.src_ld = e.ld, p.act = e.act;  // fused epilogues: one batch entry
+    p.pairs = !g.blocks && g.ldc % 2 == 0 && reinterpret_cast<std::uintptr_t>(g.c) % 8 == 0 &&
+              (g.batch == 1 || g.stride_c % 2 == 0);
+    const cudaError_t s =
+        f::gemm(space.cuda_stream(), p, static_cast<int>(part.batch), g.op_a == Op::N, g.op_b == Op::T, out, large);
+    if (s != cudaSuccess) {
+      throw CommError(std::string("dpmlp: 3xFP16 GEMM (") + std::to_string(g.m) + " x " + std::to_string(g.n) +
+                      " x " + std::to_string(g.k) + ", batch " + std::to_string(g.batch) +
+                      "): " + cudaGetErrorString(s));
+    }
+  });
+}
+
 }  // namespace detail
+
+DPMLP_CUDA_ENTRY bool f16x3_here() {
+  const backend::CudaDevice& d = backend::cuda_device();
+  return d.read && d.major >= 8;
+}
 
 DPMLP_CUDA_ENTRY bool wgmma_here() {
 #if defined(DPMLP_HAVE_WGMMA)
@@ -209,6 +245,10 @@ DPMLP_CUDA_ENTRY void gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& 
     return;
   }
 #endif
+  if (runs_on_f16x3(g)) {
+    f16x3_gemm(space, g, e);
+    return;
+  }
   Source src;
   src.act = e.act;
   switch (e.kind) {

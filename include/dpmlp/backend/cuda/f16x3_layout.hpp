@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// dpmlp/backend/cuda/f16x3_layout.hpp: where the block-scaled 3xFP16 GEMMs (gemm_f16x3_kernels.hpp) put a
+// k-tile's operands in shared memory and which addresses their ldmatrix loads give: the index arithmetic alone,
+// plain C++ with no CUDA in it, so that tests on any build can check it against ldmatrix's and mma.sync's
+// fragment layouts (test_gemm: "3xFP16 layout").
+//
+// An operand's k-tile is F (free: m for A, n for B) x 32 k values, each plane (hi, lo) of fp16:
+//   free-major (the operand's k contiguous in memory): row f is 32 halves, four 16-byte chunks of 8 k, chunk
+//     c stored at slot c ^ ((f / 2) % 4), so the eight rows an ldmatrix reads at one chunk fall in eight
+//     distinct 16-byte bank groups;
+//   k-major (its free dimension contiguous): row k is F halves, chunk c (8 free values) at slot c ^ (k % 8),
+//     likewise for ldmatrix.trans's eight k rows.
+#pragma once
+
+#if defined(__CUDACC__)
+#define DPMLP_F16X3_HD __host__ __device__
+#else
+#define DPMLP_F16X3_HD
+#endif
+
+namespace dpmlp {
+namespace backend {
+namespace f16x3_layout {
+
+constexpr int k_tile = 32;  // k a k-tile: one chain of MMAs, one scale a row (column)
+
+// Where (f, k) of a plane lives, in halves from its start.
+template <bool FreeMajor, int F>
+DPMLP_F16X3_HD constexpr int plane_at(int f, int k) {
+  return FreeMajor ? f * k_tile + (((k >> 3) ^ ((f >> 1) & 3)) << 3) + (k & 7)
+                   : k * F + (((f >> 3) ^ (k & 7)) << 3) + (f & 7);
+}
+
+// A warp's share of a k-tile's loads, a region of 16 (free) x 32 (k) values: lane `lane`'s i-th float4 (i < 4)
+// holds the four values along the contiguous dimension from (f, k), offsets within the region: f = 4i + lane/8,
+// k = 4 (lane % 8) where k is contiguous (KContig), else f = 4 (lane % 4), k = 8i + lane/4.
+struct Coord {
+  int f, k;
+};
+template <bool KContig>
+DPMLP_F16X3_HD constexpr Coord region_element(int lane, int i) {
+  return KContig ? Coord{4 * i + (lane >> 3), 4 * (lane & 7)} : Coord{4 * (lane & 3), 8 * i + (lane >> 2)};
+}
+
+// The row an ldmatrix.x4 lane points at for the 16 (free) x 16 (k) block at (f0, k0): the free index and k of
+// the first of its eight halves. Quarter lane / 8 of the block, its row lane % 8 (a free index for free-major
+// planes, read as it is; a k for k-major ones, read transposed). The quarters in the order of an A fragment
+// (BPairs false: (f 0-7, k 0-7), (f 8-15, k 0-7), (f 0-7, k 8-15), (f 8-15, k 8-15)) or of two B fragments
+// (BPairs: (f 0-7, k 0-7), (f 0-7, k 8-15), (f 8-15, k 0-7), (f 8-15, k 8-15): each MMA's B operand a pair of
+// consecutive registers as loaded).
+template <bool FreeMajor, bool BPairs>
+DPMLP_F16X3_HD constexpr Coord ldsm_row(int f0, int k0, int lane) {
+  const int q = lane >> 3, i = lane & 7;
+  const int fq = BPairs ? (q >> 1) : (q & 1), kq = BPairs ? (q & 1) : (q >> 1);
+  return FreeMajor ? Coord{f0 + i + 8 * fq, k0 + 8 * kq} : Coord{f0 + 8 * fq, k0 + 8 * kq + i};
+}
+
+}  // namespace f16x3_layout
+}  // namespace backend
+}  // namespace dpmlp

@@ -1,0 +1,426 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// dpmlp/backend/cuda/gemm_f16x3_kernels.hpp: dpmlp's block-scaled 3xFP16 GEMMs, which take the cutlass
+// backend's float GEMMs of n >= 64 on GPUs of compute capability 8.0 and newer (cutlass_3xtf32::gemm() decides;
+// cutlass_3xtf32.hpp says which GEMMs reach it at all).
+//
+// What they compute: C = alpha op(A) op(B) (+ beta C), or a fused epilogue (Out), in fp32-level accuracy on the
+// FP16 tensor cores (mma.sync.m16n8k16, twice the k of a TF32 MMA at the same issue cost). Each operand is
+// read as fp32 and split, once a CTA, into fp16 hi and lo parts (the deep kernel's scheme, mma_ops.hpp,
+// namespace f16x3) with a power-of-two scale for each row of op(A) and each column of op(B) over each chunk
+// of 32 k (the largest of those 32 magnitudes lands in [2^14, 2^15)). A chain of k = 32 (one k-tile: two k16
+// steps, each lo*hi, hi*lo, hi*hi) sums in a fresh fp32 accumulator, which is then multiplied by its row's and
+// column's scales and added to the output's fp32 sum.
+//
+// Reproducible bits: an output element is a function of its own row of op(A), its column of op(B) and k alone
+// (the scales too, chunks of k from 0, the last zero-padded; chains added in increasing k; an MMA's output does
+// not depend on its neighbours), so its bits do not depend on m, n, the batch count or the tile, which may
+// then follow the shape.
+//
+// Structure: a CTA computes a BM x BN tile with WM x WN warps. Each warp copies its share of a k-tile (regions
+// of 16 free x 32 k values of A and of B) as fp32 with cp.async into a ring of three k-tiles, issued three
+// k-tiles ahead; after the MMAs of k-tile kt it splits its own copies of k-tile kt + 1 (no other lane's, so its
+// own wait suffices) into fp16 planes (XOR-swizzled 16-byte chunks: ldmatrix and the stores avoid bank
+// conflicts) in the other of two shared-memory stages, then adds k-tile kt's chains: one __syncthreads a
+// k-tile. Operands whose k is contiguous in memory (A for op N, B for op T) are stored free-major and read by
+// ldmatrix; the others k-major and read by ldmatrix.trans (f16x3_layout.hpp has the index arithmetic, which
+// test_gemm checks; test_f16x3_emulated runs these kernels on a CPU model of the instructions they use).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "dpmlp/activation.hpp"
+#include "dpmlp/backend/cuda/f16x3_layout.hpp"
+#include "dpmlp/backend/cuda/mma_ops.hpp"
+
+namespace dpmlp {
+namespace linalg {
+namespace gemm_f16x3 {
+
+// What the GEMM writes: C = alpha acc (+ beta C); C = activate(act, acc + bias[column]) (src: the bias);
+// C = acc * activate_grad_from_output(act, Y) (src: Y, leading dimension src_ld). The fused forms are one GEMM,
+// alpha 1, no old C.
+enum class Out { linear, bias_activation, activation_grad };
+
+struct Params {
+  int m = 0, n = 0, k = 0;
+  const float* a = nullptr;
+  std::int64_t lda = 0, stride_a = 0;
+  const float* b = nullptr;
+  std::int64_t ldb = 0, stride_b = 0;
+  float* c = nullptr;
+  std::int64_t ldc = 0, stride_c = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  const float* src = nullptr;
+  std::int64_t src_ld = 0;
+  Activation act = Activation::identity;
+  bool pairs = false;  // C's rows 8-byte aligned (and its batch stride even): two columns a store
+};
+
+namespace detail {
+
+constexpr int BK = backend::f16x3_layout::k_tile;  // a k-tile: one chain, one scale a row (column)
+
+template <int BM_, int BN_, int WM_, int WN_>
+struct Tile {
+  static constexpr int BM = BM_, BN = BN_, WM = WM_, WN = WN_;
+  static constexpr int warps = WM * WN, threads = 32 * warps;
+  static constexpr int MT = BM / WM / 16;  // a warp's m16 tiles
+  static constexpr int NT = BN / WN / 8;   // a warp's n8 tiles (even: ldmatrix reads two at once)
+  static constexpr int RA = BM / 16, RB = BN / 16, regions = RA + RB;  // a warp's loads: 16 free x 32 k
+  static_assert(RA % warps == 0 && RB % warps == 0, "every warp copies and splits as many regions of each");
+  // A stage: A's hi and lo planes, B's, then the scales of A's free indices and B's.
+  static constexpr int plane_a = BM * BK, plane_b = BN * BK;  // halves
+  static constexpr int stage_bytes = (2 * plane_a + 2 * plane_b) * 2 + (BM + BN) * 4;
+  // The fp32 k-tiles in flight: `ring` of them, each a warp's regions of 512 values, 2 KB apiece.
+  static constexpr int ring = 3, ring_bytes = regions * 2048;
+  static constexpr int smem_bytes = 2 * stage_bytes + ring * ring_bytes;
+  static_assert(NT % 2 == 0 && MT >= 1, "a warp takes m16 tiles and pairs of n8 tiles");
+  static_assert(BM >= 64 && BN >= 64, "k-major planes need at least eight 16-byte chunks a row");
+  static_assert(stage_bytes % 16 == 0, "stages start 16-byte aligned");
+};
+
+using backend::f16x3_layout::plane_at;
+using backend::f16x3_layout::Coord;
+
+// One operand's view for the loads: element (f, k) of op(X) at p[f * ld + k] (k contiguous) or p[k * ld + f].
+struct Operand {
+  const float* p;
+  std::int64_t ld;
+  int free_extent;  // m or n
+};
+
+// A warp's 16 (free) x 32 (k) values of a k-tile at (f0, k0) (f16x3_layout::region_element), 16 a lane,
+// copied asynchronously (cp.async) into the region's 2 KB of a ring slot, the lane's i-th float4 at
+// (32 i + lane) * 16 bytes; zeros outside the matrix. Every float4 is whole inside or whole outside: the contiguous extent and the leading dimension are
+// multiples of 4 (takes()). A lane reads back only what it copied itself, so its own wait suffices.
+// 16 bytes from global memory at src to shared address dst, asynchronously; zeros where bytes is 0.
+__device__ __forceinline__ void cp_async16(unsigned dst, const float* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void copy_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int Pending>
+__device__ __forceinline__ void copy_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(Pending) : "memory");
+}
+
+template <bool KContig>
+__device__ __forceinline__ void copy_region(unsigned dst, const Operand& x, int f0, int k0, int k, int lane) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const Coord e = backend::f16x3_layout::region_element<KContig>(lane, i);
+    const int f = f0 + e.f, kk = k0 + e.k;
+    const bool in = f < x.free_extent && kk < k;
+    const float* q = !in ? x.p
+                     : KContig ? x.p + static_cast<std::int64_t>(f) * x.ld + kk
+                               : x.p + static_cast<std::int64_t>(kk) * x.ld + f;
+    cp_async16(dst + (32 * i + lane) * 16, q, in ? 16 : 0);
+  }
+}
+__device__ __forceinline__ void read_region(float4 (&v)[4], const unsigned char* src, int lane) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] = reinterpret_cast<const float4*>(src)[32 * i + lane];
+}
+
+// Two values' hi and lo parts as split2 makes them, each value with its own scale.
+__device__ __forceinline__ void split2_each(float a, float b, float inv_a, float inv_b, std::uint32_t& hi,
+                                            std::uint32_t& lo) {
+  const float sa = a * inv_a, sb = b * inv_b;
+  const __half2 hh = __floats2half2_rn(sa, sb);
+  const float2 hf = __half22float2(hh);
+  const __half2 ll = __floats2half2_rn(sa - hf.x, sb - hf.y);
+  hi = *reinterpret_cast<const std::uint32_t*>(&hh);
+  lo = *reinterpret_cast<const std::uint32_t*>(&ll);
+}
+
+__device__ __forceinline__ float max4(const float4& v) {
+  namespace h = backend::f16x3;
+  return h::abs_max(h::abs_max(h::abs_max(fabsf(v.x), v.y), v.z), v.w);
+}
+
+// The values' scales, one a free index over the k-tile's 32 values (the largest magnitude among the lanes that
+// hold them), stored at scale[f] (tile free offset fr: the region's first), and the values split into the planes.
+template <bool KContig, int F>
+__device__ __forceinline__ void store_region(const float4 (&v)[4], __half* hi, __half* lo, float* scale, int fr,
+                                             int lane) {
+  namespace h = backend::f16x3;
+  float inv[4];
+  if constexpr (KContig) {
+    // Lane holds rows fr + 4i + lane/8; the eight lanes of a row differ in lane % 8.
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float mx = max4(v[i]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      float s;
+      h::scale_for(__float_as_uint(mx), inv[i], s);
+      if ((lane & 7) == 0) scale[fr + 4 * i + (lane >> 3)] = s;
+    }
+  } else {
+    // Lane holds columns fr + 4 (lane%4) + c, c = 0..3; the eight lanes of a column differ in lane / 4.
+    float mx[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      mx[0] = h::abs_max(mx[0], v[i].x), mx[1] = h::abs_max(mx[1], v[i].y);
+      mx[2] = h::abs_max(mx[2], v[i].z), mx[3] = h::abs_max(mx[3], v[i].w);
+    }
+    float s[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      mx[c] = fmaxf(mx[c], __shfl_xor_sync(0xffffffffu, mx[c], 4));
+      mx[c] = fmaxf(mx[c], __shfl_xor_sync(0xffffffffu, mx[c], 8));
+      mx[c] = fmaxf(mx[c], __shfl_xor_sync(0xffffffffu, mx[c], 16));
+      h::scale_for(__float_as_uint(mx[c]), inv[c], s[c]);
+    }
+    if (lane < 4) *reinterpret_cast<float4*>(scale + fr + 4 * lane) = make_float4(s[0], s[1], s[2], s[3]);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const Coord e = backend::f16x3_layout::region_element<KContig>(lane, i);  // within the region
+    uint2 H, L;
+    if constexpr (KContig) {
+      h::split2(v[i].x, v[i].y, inv[i], H.x, L.x);
+      h::split2(v[i].z, v[i].w, inv[i], H.y, L.y);
+    } else {
+      split2_each(v[i].x, v[i].y, inv[0], inv[1], H.x, L.x);
+      split2_each(v[i].z, v[i].w, inv[2], inv[3], H.y, L.y);
+    }
+    const int at = plane_at<KContig, F>(fr + e.f, e.k);
+    *reinterpret_cast<uint2*>(hi + at) = H;
+    *reinterpret_cast<uint2*>(lo + at) = L;
+  }
+}
+
+// A 16 (free) x 16 (k) block of a plane at (f0, k0) by ldmatrix.x4 (.trans for k-major planes), each register
+// a lane's (f = lane/4, k = 2 (lane%4) ..+1) pair of one 8 x 8 quarter, the quarters in the order
+// f16x3_layout::ldsm_row gives: an A fragment as it is (BPairs false), or two B fragments, r[0], r[1] for
+// f 0-7 and r[2], r[3] for f 8-15 (BPairs).
+template <bool FreeMajor, int F, bool BPairs>
+__device__ __forceinline__ void frag16(std::uint32_t (&r)[4], const __half* plane, int f0, int k0, int lane) {
+  const Coord row = backend::f16x3_layout::ldsm_row<FreeMajor, BPairs>(f0, k0, lane);
+  backend::f16x3::ldsm4<!FreeMajor>(r, backend::shared_address(plane + plane_at<FreeMajor, F>(row.f, row.k)));
+}
+
+template <class T, bool AK, bool BK_, Out O>
+__global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
+  namespace h = backend::f16x3;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  constexpr int MT = T::MT, NT = T::NT;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int warp_m = warp / T::WN, warp_n = warp % T::WN;
+  const int tiles_n = (p.n + T::BN - 1) / T::BN;
+  const int tm = static_cast<int>(blockIdx.x / tiles_n), tn = static_cast<int>(blockIdx.x % tiles_n);
+  const int m0 = tm * T::BM, n0 = tn * T::BN;
+  const std::int64_t bz = blockIdx.y;
+
+  // op(A) row f, column k: A[f][k] (op N, k contiguous) or A[k][f]; op(B) column f, row k: B[k][f] (op N) or
+  // B[f][k] (op T, k contiguous). The tile's own origin folded into the pointers.
+  Operand A{p.a + bz * p.stride_a + (AK ? static_cast<std::int64_t>(m0) * p.lda : m0), p.lda, p.m - m0};
+  Operand B{p.b + bz * p.stride_b + (BK_ ? static_cast<std::int64_t>(n0) * p.ldb : n0), p.ldb, p.n - n0};
+
+  auto stage_ptr = [&](int s) { return smem_raw + s * T::stage_bytes; };
+  auto a_hi = [&](int s) { return reinterpret_cast<__half*>(stage_ptr(s)); };
+  auto a_lo = [&](int s) { return reinterpret_cast<__half*>(stage_ptr(s)) + T::plane_a; };
+  auto b_hi = [&](int s) { return reinterpret_cast<__half*>(stage_ptr(s)) + 2 * T::plane_a; };
+  auto b_lo = [&](int s) { return reinterpret_cast<__half*>(stage_ptr(s)) + 2 * T::plane_a + T::plane_b; };
+  auto scales = [&](int s) { return reinterpret_cast<float*>(stage_ptr(s) + (2 * T::plane_a + 2 * T::plane_b) * 2); };
+
+  const int kts = (p.k + BK - 1) / BK;
+  unsigned char* ring = smem_raw + 2 * T::stage_bytes;
+  // Issue k-tile kt's copies (this warp's regions) into ring slot kt % ring; a group committed even when kt is
+  // past the end, so the count of groups in flight stays fixed.
+  auto issue = [&](int kt) {
+    if (kt < kts) {
+      const unsigned slot = backend::shared_address(ring + (kt % T::ring) * T::ring_bytes);
+#pragma unroll
+      for (int i = 0; i < T::RA / T::warps; ++i) {
+        const int r = warp + i * T::warps;
+        copy_region<AK>(slot + r * 2048, A, 16 * r, kt * BK, p.k, lane);
+      }
+#pragma unroll
+      for (int i = 0; i < T::RB / T::warps; ++i) {
+        const int r = warp + i * T::warps;
+        copy_region<BK_>(slot + (T::RA + r) * 2048, B, 16 * r, kt * BK, p.k, lane);
+      }
+    }
+    copy_commit();
+  };
+  // Split k-tile kt (landed) into stage s.
+  auto split = [&](int kt, int s) {
+    const unsigned char* slot = ring + (kt % T::ring) * T::ring_bytes;
+#pragma unroll
+    for (int i = 0; i < T::RA / T::warps; ++i) {
+      const int r = warp + i * T::warps;
+      float4 v[4];
+      read_region(v, slot + r * 2048, lane);
+      store_region<AK, T::BM>(v, a_hi(s), a_lo(s), scales(s), 16 * r, lane);
+    }
+#pragma unroll
+    for (int i = 0; i < T::RB / T::warps; ++i) {
+      const int r = warp + i * T::warps;
+      float4 v[4];
+      read_region(v, slot + (T::RA + r) * 2048, lane);
+      store_region<BK_, T::BN>(v, b_hi(s), b_lo(s), scales(s) + T::BM, 16 * r, lane);
+    }
+  };
+
+  float acc[MT][NT][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.0f;
+    }
+  }
+
+  const int wm0 = warp_m * MT * 16, wn0 = warp_n * NT * 8;
+#pragma unroll
+  for (int kt = 0; kt < T::ring; ++kt) issue(kt);
+  copy_wait<T::ring - 1>();
+  split(0, 0);
+  __syncthreads();
+  for (int kt = 0; kt < kts; ++kt) {
+    const int s = kt & 1;
+    issue(kt + T::ring);  // into the slot k-tile kt's split emptied
+    float chain[MT][NT][4];
+#pragma unroll
+    for (int k16 = 0; k16 < BK; k16 += 16) {
+      std::uint32_t bhi[NT][2], blo[NT][2];
+#pragma unroll
+      for (int np = 0; np < NT / 2; ++np) {
+        std::uint32_t r[4];
+        frag16<BK_, T::BN, true>(r, b_hi(s), wn0 + 16 * np, k16, lane);
+        bhi[2 * np][0] = r[0], bhi[2 * np][1] = r[1], bhi[2 * np + 1][0] = r[2], bhi[2 * np + 1][1] = r[3];
+        frag16<BK_, T::BN, true>(r, b_lo(s), wn0 + 16 * np, k16, lane);
+        blo[2 * np][0] = r[0], blo[2 * np][1] = r[1], blo[2 * np + 1][0] = r[2], blo[2 * np + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        std::uint32_t ahi[4], alo[4];
+        frag16<AK, T::BM, false>(ahi, a_hi(s), wm0 + 16 * mt, k16, lane);
+        frag16<AK, T::BM, false>(alo, a_lo(s), wm0 + 16 * mt, k16, lane);
+        if (k16 == 0) {
+          h::mma3<NT, true>(chain[mt], ahi, alo, bhi, blo);
+        } else {
+          h::mma3<NT, false>(chain[mt], ahi, alo, bhi, blo);
+        }
+      }
+    }
+    // The next k-tile split and stored while this one's MMAs drain (its values arrived during them); then the
+    // chain's sums, times their rows' and columns' scales (powers of two), into the fp32 sums.
+    if (kt + 1 < kts) {
+      copy_wait<T::ring - 1>();  // k-tile kt + 1 (groups kt + 2 .. kt + ring may still be in flight)
+      split(kt + 1, s ^ 1);
+    }
+    const float* sc = scales(s);
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const float sa0 = sc[wm0 + 16 * mt + g], sa1 = sc[wm0 + 16 * mt + g + 8];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const float2 sb = *reinterpret_cast<const float2*>(sc + T::BM + wn0 + 8 * nt + 2 * t);
+        acc[mt][nt][0] = fmaf(chain[mt][nt][0], sa0 * sb.x, acc[mt][nt][0]);
+        acc[mt][nt][1] = fmaf(chain[mt][nt][1], sa0 * sb.y, acc[mt][nt][1]);
+        acc[mt][nt][2] = fmaf(chain[mt][nt][2], sa1 * sb.x, acc[mt][nt][2]);
+        acc[mt][nt][3] = fmaf(chain[mt][nt][3], sa1 * sb.y, acc[mt][nt][3]);
+      }
+    }
+    __syncthreads();
+  }
+
+  // The epilogue: a lane holds rows g and g + 8 of each m16 tile, columns 2t and 2t + 1 of each n8 tile.
+  float* C = p.c + bz * p.stride_c;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = m0 + wm0 + 16 * mt + g + 8 * half;
+      if (row >= p.m) continue;
+      float* crow = C + static_cast<std::int64_t>(row) * p.ldc;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int col = n0 + wn0 + 8 * nt + 2 * t;
+        if (col >= p.n) continue;
+        const bool both = col + 1 < p.n;
+        float v[2] = {acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]};
+        if constexpr (O == Out::bias_activation) {
+          v[0] = dpmlp::detail::activate(p.act, v[0] + p.src[col]);
+          if (both) v[1] = dpmlp::detail::activate(p.act, v[1] + p.src[col + 1]);
+        } else if constexpr (O == Out::activation_grad) {
+          const float* y = p.src + static_cast<std::int64_t>(row) * p.src_ld + col;
+          v[0] = v[0] * dpmlp::detail::activate_grad_from_output(p.act, y[0]);
+          if (both) v[1] = v[1] * dpmlp::detail::activate_grad_from_output(p.act, y[1]);
+        } else {
+          v[0] *= p.alpha, v[1] *= p.alpha;
+          if (p.beta != 0.0f) {
+            v[0] += p.beta * crow[col];
+            if (both) v[1] += p.beta * crow[col + 1];
+          }
+        }
+        if (both && p.pairs) {
+          *reinterpret_cast<float2*>(crow + col) = make_float2(v[0], v[1]);
+        } else {
+          crow[col] = v[0];
+          if (both) crow[col + 1] = v[1];
+        }
+      }
+    }
+  }
+}
+
+// One launch of at most 65535 batch entries (the grid's y).
+template <class T, bool AK, bool BK_, Out O>
+cudaError_t launch(cudaStream_t stream, const Params& p, int batch) {
+  auto* fn = gemm_kernel<T, AK, BK_, O>;
+  static const cudaError_t set =
+      cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, T::smem_bytes);
+  if (set != cudaSuccess) return set;
+  const long long tiles = static_cast<long long>((p.m + T::BM - 1) / T::BM) * ((p.n + T::BN - 1) / T::BN);
+  if (tiles > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+  gemm_kernel<T, AK, BK_, O><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(batch)), T::threads,
+                               T::smem_bytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+using Large = Tile<128, 128, 2, 4>;  // 8 warps of 64 x 32
+using Small = Tile<64, 64, 2, 2>;    // 4 warps of 32 x 32
+
+}  // namespace detail
+
+// C = op(A) op(B) for `batch` entries (at most 65535), op(A) N (a_n) or T, op(B) N or T (b_t): N N and N T
+// (rows x weights, any Out that matches: bias_activation for N N, activation_grad for N T) and T N (per-block
+// weight gradients, linear). `large`: 128 x 128 tiles, else 64 x 64 (the same bits).
+inline cudaError_t gemm(cudaStream_t stream, const Params& p, int batch, bool a_n, bool b_t, Out out, bool large) {
+  using namespace detail;
+  if (a_n && !b_t) {
+    if (out == Out::bias_activation) {
+      return large ? launch<Large, true, false, Out::bias_activation>(stream, p, batch)
+                   : launch<Small, true, false, Out::bias_activation>(stream, p, batch);
+    }
+    return large ? launch<Large, true, false, Out::linear>(stream, p, batch)
+                 : launch<Small, true, false, Out::linear>(stream, p, batch);
+  }
+  if (a_n && b_t) {
+    if (out == Out::activation_grad) {
+      return large ? launch<Large, true, true, Out::activation_grad>(stream, p, batch)
+                   : launch<Small, true, true, Out::activation_grad>(stream, p, batch);
+    }
+    return large ? launch<Large, true, true, Out::linear>(stream, p, batch)
+                 : launch<Small, true, true, Out::linear>(stream, p, batch);
+  }
+  if (!a_n && !b_t && out == Out::linear) {
+    return large ? launch<Large, false, false, Out::linear>(stream, p, batch)
+                 : launch<Small, false, false, Out::linear>(stream, p, batch);
+  }
+  return cudaErrorNotSupported;
+}
+
+}  // namespace gemm_f16x3
+}  // namespace linalg
+}  // namespace dpmlp

@@ -1,0 +1,208 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// A host model of what dpmlp's block-scaled 3xFP16 kernels (include/dpmlp/backend/cuda/gemm_f16x3_kernels.hpp)
+// use of CUDA beyond the wgmma model's (../wgmma_emulation/emulation.hpp: a CTA as std::threads, __syncthreads,
+// the shared-memory window), so that test_f16x3_emulated runs the kernels' own code on a CPU:
+//   - warps: lanes 32 consecutive threads; each warp-wide instruction (shuffle, ldmatrix, mma.sync) a barrier
+//     of its 32 threads around an exchange of their operands;
+//   - ldmatrix.x4 (.trans): lane t's register q holds the two halves at (row t/4, columns 2(t%4), +1) of the
+//     8 x 8 matrix whose rows lanes 8q .. 8q+7 point at (as stored), or (rows 2(t%4), +1; column t/4);
+//   - mma.sync.m16n8k16.f32.f16: the PTX fragment layouts (A: a0 (row g, k 2t, 2t+1), a1 (g + 8), a2 (k + 8),
+//     a3 (both); B: b0 (k 2t, 2t+1; column g), b1 (k + 8); C: (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)),
+//     each sum of exact products rounded once to fp32 (the hardware's own rounding is not modelled: the test
+//     checks accuracy against fp64, not bits against a GPU);
+//   - fp16: round-to-nearest-even conversions with subnormals and overflow to infinity;
+//   - cp.async: a copy joins the thread's open group, commit closes it, and wait_group N completes the oldest
+//     groups until N remain: shared memory changes only then, so a read of a ring slot before its wait sees the
+//     NaN it was filled with, and one overwritten too early shows as wrong results.
+#pragma once
+
+#include "emulation.hpp"
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <vector>
+
+struct __half {
+  std::uint16_t x;
+};
+struct __half2 {
+  std::uint16_t x, y;
+};
+
+namespace emulation {
+namespace f16 {
+
+// fp32 -> fp16, to nearest even.
+inline std::uint16_t encode(float f) {
+  const std::uint32_t u = __float_as_uint(f);
+  const std::uint16_t sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+  const std::uint32_t au = u & 0x7fffffffu;
+  if (au > 0x7f800000u) return sign | 0x7e00u;  // NaN
+  const double a = std::fabs(static_cast<double>(f));
+  if (a == 0) return sign;
+  const int e = std::ilogb(a);
+  const double q = std::ldexp(1.0, e < -14 ? -24 : e - 10);
+  const double r = std::nearbyint(a / q) * q;  // the default rounding mode: to nearest even
+  if (r >= 65520.0 || au == 0x7f800000u) return sign | 0x7c00u;
+  if (r < std::ldexp(1.0, -14)) return sign | static_cast<std::uint16_t>(r / std::ldexp(1.0, -24));
+  const int er = std::ilogb(r);
+  const int mant = static_cast<int>(r / std::ldexp(1.0, er - 10)) - 1024;
+  return sign | static_cast<std::uint16_t>(((er + 15) << 10) | mant);
+}
+inline float decode(std::uint16_t h) {
+  const int sign = (h >> 15) & 1, exp = (h >> 10) & 31, mant = h & 1023;
+  double v;
+  if (exp == 31) {
+    v = mant ? std::nan("") : INFINITY;
+  } else if (exp == 0) {
+    v = std::ldexp(double(mant), -24);
+  } else {
+    v = std::ldexp(double(1024 + mant), exp - 25);
+  }
+  return static_cast<float>(sign ? -v : v);
+}
+
+}  // namespace f16
+
+// A warp's exchange: each lane's operands, then a barrier; every lane reads what it needs; a barrier again.
+struct Warp {
+  Barrier barrier{32};
+  std::array<std::array<std::uint32_t, 6>, 32> slot{};
+};
+inline std::vector<std::unique_ptr<Warp>> warps;
+inline void make_warps(unsigned threads) {
+  warps.clear();
+  for (unsigned w = 0; w < threads / 32; ++w) warps.push_back(std::make_unique<Warp>());
+}
+inline Warp& my_warp() { return *warps[threadIdx.x / 32]; }
+inline int my_lane() { return static_cast<int>(threadIdx.x % 32); }
+template <class Read>
+inline void exchange(const std::array<std::uint32_t, 6>& mine, Read&& read) {
+  Warp& w = my_warp();
+  w.slot[my_lane()] = mine;
+  w.barrier.arrive_and_wait(false);
+  read(w.slot);
+  w.barrier.arrive_and_wait(false);
+}
+
+inline std::uint16_t shared_half(unsigned address) {
+  if (address % 2 != 0 || address < smem_base || address + 2 > smem_base + smem_bytes) {
+    fail("a shared-memory half outside the CTA's shared memory or misaligned");
+  }
+  std::uint16_t h;
+  std::memcpy(&h, window + address, 2);
+  return h;
+}
+
+template <bool Trans>
+inline void ldsm4(std::uint32_t (&r)[4], unsigned addr) {
+  if (addr % 16 != 0) fail("ldmatrix: a row address not 16-byte aligned");
+  const int t = my_lane();
+  exchange({addr, 0, 0, 0, 0, 0}, [&](const auto& s) {
+    for (int q = 0; q < 4; ++q) {
+      std::uint32_t lo, hi;
+      if (Trans) {
+        lo = shared_half(s[8 * q + 2 * (t % 4)][0] + 2 * (t / 4));
+        hi = shared_half(s[8 * q + 2 * (t % 4) + 1][0] + 2 * (t / 4));
+      } else {
+        lo = shared_half(s[8 * q + t / 4][0] + 2 * (2 * (t % 4)));
+        hi = shared_half(s[8 * q + t / 4][0] + 2 * (2 * (t % 4) + 1));
+      }
+      r[q] = lo | (hi << 16);
+    }
+  });
+}
+
+inline float half_of(std::uint32_t reg, int which) {
+  return f16::decode(static_cast<std::uint16_t>(which ? reg >> 16 : reg & 0xffffu));
+}
+
+// d = a b + c for the calling lane's four outputs.
+inline void mma16816(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0, std::uint32_t b1,
+                     const float (&c)[4]) {
+  const int lane = my_lane(), g = lane / 4, t = lane % 4;
+  exchange({a[0], a[1], a[2], a[3], b0, b1}, [&](const auto& s) {
+    for (int e = 0; e < 4; ++e) {
+      const int row = g + 8 * (e / 2), col = 2 * t + (e % 2);
+      double sum = c[e];
+      for (int k = 0; k < 16; ++k) {
+        const std::uint32_t areg = s[(row % 8) * 4 + (k % 8) / 2][(row / 8) + 2 * (k / 8)];
+        const std::uint32_t breg = s[col * 4 + (k % 8) / 2][4 + k / 8];
+        sum += double(half_of(areg, k % 2)) * double(half_of(breg, k % 2));
+      }
+      d[e] = static_cast<float>(sum);
+    }
+  });
+}
+
+inline float shfl_xor(float v, int mask) {
+  float r = 0;
+  exchange({__float_as_uint(v), 0, 0, 0, 0, 0},
+           [&](const auto& s) { r = __uint_as_float(s[my_lane() ^ mask][0]); });
+  return r;
+}
+
+// cp.async, as the header says.
+struct Copy {
+  unsigned dst;
+  const float* src;
+  int bytes;
+};
+struct Copies {
+  std::vector<Copy> open;
+  std::deque<std::vector<Copy>> committed;
+};
+inline thread_local Copies copies;
+inline void cp_async16(unsigned dst, const float* src, int bytes) {
+  if (dst % 16 != 0 || dst < smem_base || dst + 16 > smem_base + smem_bytes) fail("cp.async: a bad shared address");
+  if (bytes != 0 && bytes != 16) fail("cp.async: a partial copy");
+  if (bytes == 16 && reinterpret_cast<std::uintptr_t>(src) % 16 != 0) fail("cp.async: a misaligned source");
+  copies.open.push_back({dst, src, bytes});
+}
+inline void copy_commit() {
+  copies.committed.push_back(std::move(copies.open));
+  copies.open.clear();
+}
+template <int Pending>
+inline void copy_wait() {
+  while (static_cast<int>(copies.committed.size()) > Pending) {
+    for (const Copy& c : copies.committed.front()) {
+      if (c.bytes == 16) {
+        std::memcpy(window + c.dst, c.src, 16);
+      } else {
+        std::memset(window + c.dst, 0, 16);
+      }
+    }
+    copies.committed.pop_front();
+  }
+}
+// A CTA's end: copies never waited for are dropped (groups past the last k-tile are empty).
+inline void end_copies() {
+  for (const auto& g : copies.committed) {
+    if (!g.empty()) fail("a thread ended with copies it never waited for");
+  }
+  if (!copies.open.empty()) fail("a thread ended with uncommitted copies");
+  copies = Copies();
+}
+
+// kernel<<<grid, threads, bytes, stream>>>(p) with warps.
+template <class Kernel, class P>
+void launch_warps(Kernel kernel, dim3 grid, unsigned threads, std::size_t bytes, cudaStream_t stream, const P& p) {
+  make_warps(threads);
+  cta_begin = [] { copies = Copies(); };
+  cta_end = end_copies;
+  launch_threads(kernel, grid, threads, bytes, stream, p);
+  cta_begin = cta_end = nullptr;
+}
+
+}  // namespace emulation
+
+inline __half2 __floats2half2_rn(float a, float b) { return {emulation::f16::encode(a), emulation::f16::encode(b)}; }
+inline float2 __half22float2(__half2 h) { return {emulation::f16::decode(h.x), emulation::f16::decode(h.y)}; }
+inline __half __float2half_rn(float v) { return {emulation::f16::encode(v)}; }
+inline float __half2float(__half h) { return emulation::f16::decode(h.x); }
+inline float __shfl_xor_sync(unsigned, float v, int mask) { return emulation::shfl_xor(v, mask); }

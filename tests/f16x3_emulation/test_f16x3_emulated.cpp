@@ -1,0 +1,180 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// The block-scaled 3xFP16 GEMM kernels (backend/cuda/gemm_f16x3_kernels.hpp), run on any CPU: their own code
+// (emulated_f16x3.hpp, generated from the library's headers by generate.py) on the host model of the CUDA they
+// use (f16x3_model.hpp over ../wgmma_emulation/emulation.hpp). Checks, for every operand layout, both tile
+// shapes, each fused epilogue, alpha/beta, batches of blocks at odd offsets and shapes no tile divides: C
+// against fp64 within fp32 accuracy, nothing written outside C; the same bits from both tiles; a row's bits
+// independent of m; and rows and columns of very different magnitudes (the scales). The model completes each
+// cp.async only at the wait that retires it, so a ring slot read before its wait, or refilled while in use,
+// shows. A GPU run (test_mlp's "cutlass" cases with BatchedGemm::f16x3) remains the check that the model is
+// the hardware.
+#include <catch2/catch.hpp>
+
+#include "emulated_f16x3.hpp"
+#include "gemm_reference.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+namespace {
+
+using dpmlp::Activation;
+using dpmlp::linalg::Op;
+namespace f = dpmlp::linalg::gemm_f16x3;
+
+using Case = dpmlp_test::EpilogueGemm;
+
+// Exactly `count` floats, 64-byte aligned: an address sanitizer sees any read past the end.
+struct Buffer {
+  float* p = nullptr;
+  explicit Buffer(std::int64_t count) {
+    if (posix_memalign(reinterpret_cast<void**>(&p), 64, static_cast<std::size_t>(count) * sizeof(float)) != 0) {
+      throw std::bad_alloc();
+    }
+  }
+  ~Buffer() { std::free(p); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+};
+
+struct Result {
+  double worst = 0;      // max |C - exact| / sum |terms|
+  int stray = 0;         // elements outside C that changed
+  std::vector<float> c;  // C (batch entry 0)
+};
+
+// Case t on data drawn from `seed` (one generator an array, so a GEMM of fewer rows gets a prefix of the same
+// row-major A, Y and C), on the large tiles or the small ones. `row_scale`, `col_scale`: op(A)'s row i times
+// 2^row_scale(i), op(B)'s column j times 2^col_scale(j).
+template <class RowScale, class ColScale>
+Result run(const Case& t, unsigned seed, bool large, RowScale row_scale, ColScale col_scale) {
+  const bool at = t.op_a == Op::T, bt = t.op_b == Op::T;
+  const std::int64_t sa = std::int64_t(t.m) * t.k, sb = std::int64_t(t.k) * t.n;
+  const std::int64_t sc = std::int64_t(t.m) * t.n + (at ? 3 : 0);  // blocks' C at odd offsets
+  const std::int64_t c_size = sc * t.batch + 8;
+  Buffer a(sa * t.batch), b(sb * t.batch), bias((t.n + 3) / 4 * 4), y(c_size), c(c_size);
+  std::mt19937 ga(seed * 8), gb(seed * 8 + 1), gbias(seed * 8 + 2), gy(seed * 8 + 3), gc(seed * 8 + 4);
+  std::normal_distribution<float> normal;
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  for (std::int64_t e = 0; e < t.batch; ++e) {
+    for (int i = 0; i < t.m; ++i) {  // row-major op(A) order, whatever the storage
+      for (int p = 0; p < t.k; ++p) {
+        a.p[e * sa + (at ? std::int64_t(p) * t.m + i : std::int64_t(i) * t.k + p)] =
+            std::ldexp(normal(ga), row_scale(i));
+      }
+    }
+    for (int p = 0; p < t.k; ++p) {
+      for (int j = 0; j < t.n; ++j) {
+        b.p[e * sb + (bt ? std::int64_t(j) * t.k + p : std::int64_t(p) * t.n + j)] = std::ldexp(normal(gb), col_scale(j));
+      }
+    }
+  }
+  for (int i = 0; i < t.n; ++i) bias.p[i] = normal(gbias);
+  for (std::int64_t i = 0; i < c_size; ++i) y.p[i] = unit(gy);  // activations in [0, 1)
+  // With beta 0 the old C is NaN: C is written, never read (BLAS's rule).
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (std::int64_t i = 0; i < c_size; ++i) c.p[i] = t.beta != 0.0f ? normal(gc) : nan;
+  const std::vector<float> c_old(c.p, c.p + c_size);
+  const std::int64_t off = at ? 1 : 0;
+
+  // As cutlass_3xtf32's f16x3_gemm() fills it.
+  f::Params p;
+  p.m = t.m, p.n = t.n, p.k = t.k;
+  p.a = a.p, p.lda = at ? t.m : t.k, p.stride_a = sa;
+  p.b = b.p, p.ldb = bt ? t.k : t.n, p.stride_b = sb;
+  p.c = c.p + off, p.ldc = t.n, p.stride_c = sc;
+  p.alpha = t.alpha, p.beta = t.beta;
+  p.pairs = !at && t.n % 2 == 0;  // blocks' C element by element
+  f::Out out = f::Out::linear;
+  if (t.epilogue == 1) out = f::Out::bias_activation, p.src = bias.p, p.act = t.act;
+  if (t.epilogue == 2) out = f::Out::activation_grad, p.src = y.p, p.src_ld = t.n, p.act = t.act;
+  REQUIRE(f::gemm(nullptr, p, t.batch, !at, bt, out, large) == cudaSuccess);
+
+  Result r;
+  std::vector<char> inside(c_size, 0);
+  r.worst = dpmlp_test::epilogue_gemm_error(t, {a.p, b.p, bias.p, y.p, c_old.data(), c.p, sa, sb, sc, off}, &inside);
+  for (std::int64_t i = 0; i < c_size; ++i) {
+    if (!inside[i] && std::memcmp(&c.p[i], &c_old[i], sizeof(float)) != 0) ++r.stray;
+  }
+  r.c.assign(c.p + off, c.p + off + std::int64_t(t.m) * t.n);
+  return r;
+}
+Result run(const Case& t, unsigned seed, bool large) {
+  const auto one = [](int) { return 0; };
+  return run(t, seed, large, one, one);
+}
+
+const char* name(Op op) { return op == Op::T ? "T" : "N"; }
+
+// Case t on both tiles: fp32 accuracy, nothing written outside C, the same bits.
+void check_both_tiles(const Case& t, unsigned seed) {
+  INFO("op " << name(t.op_a) << name(t.op_b) << ", " << t.m << " x " << t.n << " x " << t.k << ", batch " << t.batch
+             << ", epilogue " << t.epilogue);
+  const Result small = run(t, seed, false), large = run(t, seed, true);
+  INFO("max error / sum |terms|: small tiles " << small.worst << ", large " << large.worst);
+  CHECK(small.worst <= 2e-6);
+  CHECK(small.stray == 0);
+  CHECK(large.stray == 0);
+  CHECK(std::memcmp(small.c.data(), large.c.data(), small.c.size() * sizeof(float)) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("3xFP16 kernels (emulated): every layout and epilogue at fp32 accuracy, the same bits on both tiles",
+          "[f16x3]") {
+  const std::vector<Case> cases = {
+      {Op::N, Op::N, 200, 136, 100, 1, 1, Activation::relu, 1.0f, 0.0f},     // k: three k-tiles and a part
+      {Op::N, Op::N, 70, 64, 36, 1, 1, Activation::tanh, 1.0f, 0.0f},
+      {Op::N, Op::N, 65, 132, 4, 1, 0, Activation::identity, -1.5f, 0.25f},  // one partial k-tile
+      {Op::N, Op::T, 130, 72, 200, 1, 2, Activation::tanh, 1.0f, 0.0f},
+      {Op::N, Op::T, 63, 136, 36, 1, 2, Activation::relu, 1.0f, 0.0f},
+      {Op::N, Op::T, 64, 68, 32, 1, 0, Activation::identity, 2.0f, -1.0f},
+      {Op::T, Op::N, 36, 132, 100, 2, 0, Activation::identity, 1.0f, 0.0f},  // blocks at odd offsets
+      {Op::T, Op::N, 132, 64, 63, 1, 0, Activation::identity, 1.0f, 0.0f},
+      {Op::N, Op::N, 70, 64, 36, 2, 0, Activation::identity, 1.0f, 0.5f},    // a batch of whole GEMMs
+  };
+  for (const Case& t : cases) check_both_tiles(t, 1);
+}
+
+TEST_CASE("3xFP16 kernels (emulated): a row's bits do not depend on how many rows the GEMM has", "[f16x3]") {
+  for (const Case& t : {Case{Op::N, Op::N, 200, 136, 100, 1, 1, Activation::tanh, 1.0f, 0.0f},
+                        Case{Op::N, Op::T, 150, 72, 68, 1, 2, Activation::relu, 1.0f, 0.0f}}) {
+    Case fewer = t;
+    fewer.m = 33;
+    const Result all = run(t, 7, true), part = run(fewer, 7, false);
+    INFO("op " << name(t.op_a) << name(t.op_b) << ", " << t.m << " x " << t.n << " x " << t.k);
+    CHECK(std::memcmp(all.c.data(), part.c.data(), part.c.size() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("3xFP16 kernels (emulated): rows and columns 2^120 apart keep their own fp32 accuracy", "[f16x3]") {
+  // Each row of op(A) and column of op(B) scaled on its own over each 32 k: deltas beside activations.
+  const auto rows = [](int i) { return -60 + 15 * (i % 9); };
+  const auto cols = [](int j) { return -30 + 10 * (j % 7); };
+  for (const Case& t : {Case{Op::N, Op::N, 90, 72, 100, 1, 0, Activation::identity, 1.0f, 0.0f},
+                        Case{Op::N, Op::T, 90, 72, 100, 1, 0, Activation::identity, 1.0f, 0.0f},
+                        Case{Op::T, Op::N, 72, 64, 100, 1, 0, Activation::identity, 1.0f, 0.0f}}) {
+    const Result r = run(t, 9, false, rows, cols);
+    INFO("op " << name(t.op_a) << name(t.op_b) << ": max error / sum |terms| " << r.worst);
+    CHECK(r.worst <= 2e-6);
+  }
+}
+
+TEST_CASE("3xFP16 model: fp16 conversions round to nearest even, with subnormals and overflow", "[f16x3]") {
+  namespace h = emulation::f16;
+  CHECK(h::encode(1.0f) == 0x3c00);
+  CHECK(h::encode(65504.0f) == 0x7bff);
+  CHECK(h::encode(65519.0f) == 0x7bff);
+  CHECK(h::encode(65520.0f) == 0x7c00);
+  CHECK(h::encode(-std::ldexp(1.0f, -24)) == 0x8001);
+  CHECK(h::encode(std::ldexp(1.0f, -25)) == 0x0000);          // a tie: to even (zero)
+  CHECK(h::encode(std::ldexp(3.0f, -25)) == 0x0002);          // a tie: to even (2 x 2^-24)
+  CHECK(h::encode(1.0f + std::ldexp(1.0f, -11)) == 0x3c00);   // a tie: to even
+  CHECK(h::encode(1.0f + std::ldexp(3.0f, -11)) == 0x3c02);
+  for (std::uint16_t v : {0x0001, 0x03ff, 0x0400, 0x3555, 0x7bff, 0x8400, 0xfbff}) CHECK(h::encode(h::decode(v)) == v);
+}
