@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 # Installs what is missing, builds dpmlp's tests, examples and benchmarks, and runs every test with ctest.
 # Then (unless DPMLP_SANITIZE=OFF) builds the tests again with -fsanitize=address,undefined and runs them,
-# and test_wgmma_emulated's small cases with -fsanitize=thread.
+# and the emulated GEMM tests' small cases (test_wgmma_emulated, test_f16x3_emulated) with -fsanitize=thread.
 # Then, when clang++ is there (unless DPMLP_FUZZ=OFF), builds the libFuzzer harnesses alone in their own
 # folder and runs each over its seed corpus for DPMLP_FUZZ_SECONDS (default 20) seconds.
 # Idempotent: a second run reuses the build folders. Any failure stops it with a non-zero exit.
@@ -53,26 +53,29 @@ if [ "${DPMLP_SANITIZE:-ON}" != "OFF" ]; then
     ctest --output-on-failure --no-tests=error -j "$JOBS" -LE consumer)
 fi
 
-# The wgmma kernels' two-stage pipeline under ThreadSanitizer (host builds, where test_wgmma_emulated exists): a
-# store to a shared-memory stage that an emulated MMA may still read, without a barrier between them, is a race.
+# The wgmma kernels' two-stage pipeline and the 3xFP16 kernels' stages under ThreadSanitizer (host builds, where
+# their emulated tests exist): a store to a shared-memory stage that an emulated MMA or ldmatrix may still read,
+# without a barrier between them, is a race.
 if [ "${DPMLP_SANITIZE:-ON}" != "OFF" ] && (cd "$BUILD_DIR" && ctest -N -R '^test_wgmma_emulated$' | grep -q "Total Tests: 1"); then
   tsan_dir="${BUILD_DIR}-tsan"
-  DPMLP_BUILD_TARGET=test_wgmma_emulated dpmlp_configure_and_build "$tsan_dir" -DDPMLP_SANITIZE=thread \
-    -DDPMLP_BUILD_BENCHMARKS=OFF -DDPMLP_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
-  log "test: test_wgmma_emulated [races] under ThreadSanitizer"
-  tsan_log="$tsan_dir/tsan.log"
-  tsan_run() { TSAN_OPTIONS="halt_on_error=1" "$@" "$tsan_dir/tests/test_wgmma_emulated" "[races]" >"$tsan_log" 2>&1; }
-  # ThreadSanitizer cannot map its shadow memory under some kernels' address randomization: then again without it
-  # (setarch -R); where that is refused too (a container's seccomp profile), the step says so and is skipped.
-  tsan_cannot_run() { grep -q -e "ThreadSanitizer: unexpected memory mapping" -e "^setarch: " "$tsan_log"; }
-  if tsan_run || { tsan_cannot_run && tsan_run setarch "$(uname -m)" -R; }; then
-    tail -n 2 "$tsan_log"
-  elif tsan_cannot_run; then
-    log "tsan: skipped: ThreadSanitizer cannot run here: $(grep -m1 -e "unexpected memory mapping" -e "^setarch: " "$tsan_log")"
-  else
-    cat "$tsan_log"
-    exit 1
-  fi
+  for tsan_test in test_wgmma_emulated test_f16x3_emulated; do
+    DPMLP_BUILD_TARGET=$tsan_test dpmlp_configure_and_build "$tsan_dir" -DDPMLP_SANITIZE=thread \
+      -DDPMLP_BUILD_BENCHMARKS=OFF -DDPMLP_BUILD_EXAMPLES=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo
+    log "test: $tsan_test [races] under ThreadSanitizer"
+    tsan_log="$tsan_dir/tsan-$tsan_test.log"
+    tsan_run() { TSAN_OPTIONS="halt_on_error=1" "$@" "$tsan_dir/tests/$tsan_test" "[races]" >"$tsan_log" 2>&1; }
+    # ThreadSanitizer cannot map its shadow memory under some kernels' address randomization: then again without
+    # it (setarch -R); where that is refused too (a container's seccomp profile), the step says so and is skipped.
+    tsan_cannot_run() { grep -q -e "ThreadSanitizer: unexpected memory mapping" -e "^setarch: " "$tsan_log"; }
+    if tsan_run || { tsan_cannot_run && tsan_run setarch "$(uname -m)" -R; }; then
+      tail -n 2 "$tsan_log"
+    elif tsan_cannot_run; then
+      log "tsan: skipped: ThreadSanitizer cannot run here: $(grep -m1 -e "unexpected memory mapping" -e "^setarch: " "$tsan_log")"
+    else
+      cat "$tsan_log"
+      exit 1
+    fi
+  done
 fi
 
 if [ "${DPMLP_FUZZ:-ON}" != "OFF" ]; then

@@ -178,3 +178,17 @@ TEST_CASE("3xFP16 model: fp16 conversions round to nearest even, with subnormals
   CHECK(h::encode(1.0f + std::ldexp(3.0f, -11)) == 0x3c02);
   for (std::uint16_t v : {0x0001, 0x03ff, 0x0400, 0x3555, 0x7bff, 0x8400, 0xfbff}) CHECK(h::encode(h::decode(v)) == v);
 }
+
+// Small GEMMs over four k-tiles (the ring refilled, both stages reused), fast enough for scripts/test.sh to run
+// under ThreadSanitizer, where a split store to a stage that another warp's ldmatrix may still read, without
+// the barrier between them, is a data race.
+TEST_CASE("3xFP16 kernels (emulated): small GEMMs of every layout", "[f16x3][races]") {
+  for (const Case& t : {Case{Op::N, Op::N, 64, 64, 100, 1, 1, Activation::relu, 1.0f, 0.0f},
+                        Case{Op::N, Op::T, 64, 64, 100, 1, 2, Activation::tanh, 1.0f, 0.0f},
+                        Case{Op::T, Op::N, 64, 64, 100, 1, 0, Activation::identity, 1.0f, 0.0f}}) {
+    const Result r = run(t, 3, false);
+    INFO("op " << name(t.op_a) << name(t.op_b) << ": max error / sum |terms| " << r.worst);
+    CHECK(r.worst <= 2e-6);
+    CHECK(r.stray == 0);
+  }
+}

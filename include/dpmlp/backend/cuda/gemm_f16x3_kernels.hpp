@@ -69,7 +69,7 @@ struct Tile {
   static constexpr int MT = BM / WM / 16;  // a warp's m16 tiles
   static constexpr int NT = BN / WN / 8;   // a warp's n8 tiles (even: ldmatrix reads two at once)
   static constexpr int RA = BM / 16, RB = BN / 16, regions = RA + RB;  // a warp's loads: 16 free x 32 k
-  static_assert(RA % warps == 0 && RB % warps == 0, "every warp copies and splits as many regions of each");
+  static_assert(RA == warps && RB == warps, "a warp copies and splits one region of A and one of B");
   // A stage: A's hi and lo planes, B's, then the scales of A's free indices and B's.
   static constexpr int plane_a = BM * BK, plane_b = BN * BK;  // halves
   static constexpr int stage_bytes = (2 * plane_a + 2 * plane_b) * 2 + (BM + BN) * 4;
@@ -105,19 +105,44 @@ __device__ __forceinline__ void copy_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(Pending) : "memory");
 }
 
+// One lane's copies of one region, k-tile after k-tile (copy() is called for k-tiles 0, 1, 2, ... in turn): the
+// address of its i = 0 value in the current k-tile, the steps to its i-th value and to the next k-tile, which of
+// its four values' rows (columns) exist, and its k offsets. The 64-bit address arithmetic once a kernel, not once
+// a copy.
 template <bool KContig>
-__device__ __forceinline__ void copy_region(unsigned dst, const Operand& x, int f0, int k0, int k, int lane) {
+struct RegionCopy {
+  const float* at;
+  const float* any;  // a valid address, for the copies that only zero-fill
+  std::int64_t di, dk;
+  int f_ok = 0;  // bit i: the i-th value's row of op(A) (column of op(B)) exists
+  int k_lane;    // the lane's k within a k-tile, at i = 0
+
+  __device__ RegionCopy(const Operand& x, int f0, int lane) {
+    const Coord e = backend::f16x3_layout::region_element<KContig>(lane, 0);
+    at = KContig ? x.p + static_cast<std::int64_t>(f0 + e.f) * x.ld + e.k
+                 : x.p + static_cast<std::int64_t>(e.k) * x.ld + f0 + e.f;
+    any = x.p;
+    di = KContig ? 4 * x.ld : 8 * x.ld;
+    dk = KContig ? BK : BK * x.ld;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const Coord e = backend::f16x3_layout::region_element<KContig>(lane, i);
-    const int f = f0 + e.f, kk = k0 + e.k;
-    const bool in = f < x.free_extent && kk < k;
-    const float* q = !in ? x.p
-                     : KContig ? x.p + static_cast<std::int64_t>(f) * x.ld + kk
-                               : x.p + static_cast<std::int64_t>(kk) * x.ld + f;
-    cp_async16(dst + (32 * i + lane) * 16, q, in ? 16 : 0);
+    for (int i = 0; i < 4; ++i) {
+      if (f0 + backend::f16x3_layout::region_element<KContig>(lane, i).f < x.free_extent) f_ok |= 1 << i;
+    }
+    k_lane = e.k;
   }
-}
+  // This k-tile's values (zeros outside the matrix) to the region's 2 KB at shared address dst, the lane's i-th
+  // float4 at (32 i + lane) * 16 bytes; then on to the next k-tile.
+  __device__ void copy(unsigned dst, int k0, int k, int lane) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int kk = k0 + k_lane + (KContig ? 0 : 8 * i);
+      const bool in = ((f_ok >> i) & 1) != 0 && kk < k;
+      cp_async16(dst + (32 * i + lane) * 16, in ? at + i * di : any, in ? 16 : 0);
+    }
+    at += dk;
+  }
+};
+
 __device__ __forceinline__ void read_region(float4 (&v)[4], const unsigned char* src, int lane) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) v[i] = reinterpret_cast<const float4*>(src)[32 * i + lane];
@@ -232,39 +257,25 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
   unsigned char* ring = smem_raw + 2 * T::stage_bytes;
   // Issue k-tile kt's copies (this warp's regions) into ring slot kt % ring; a group committed even when kt is
   // past the end, so the count of groups in flight stays fixed.
+  // This warp's regions: region `warp` of A (rows 16 warp ..+15 of the tile) and of B (columns).
+  RegionCopy<AK> a_copy(A, 16 * warp, lane);
+  RegionCopy<BK_> b_copy(B, 16 * warp, lane);
   auto issue = [&](int kt) {
     if (kt < kts) {
       const unsigned slot = backend::shared_address(ring + (kt % T::ring) * T::ring_bytes);
-#pragma unroll
-      for (int i = 0; i < T::RA / T::warps; ++i) {
-        const int r = warp + i * T::warps;
-        copy_region<AK>(slot + r * 2048, A, 16 * r, kt * BK, p.k, lane);
-      }
-#pragma unroll
-      for (int i = 0; i < T::RB / T::warps; ++i) {
-        const int r = warp + i * T::warps;
-        copy_region<BK_>(slot + (T::RA + r) * 2048, B, 16 * r, kt * BK, p.k, lane);
-      }
+      a_copy.copy(slot + warp * 2048, kt * BK, p.k, lane);
+      b_copy.copy(slot + (T::RA + warp) * 2048, kt * BK, p.k, lane);
     }
     copy_commit();
   };
   // Split k-tile kt (landed) into stage s.
   auto split = [&](int kt, int s) {
     const unsigned char* slot = ring + (kt % T::ring) * T::ring_bytes;
-#pragma unroll
-    for (int i = 0; i < T::RA / T::warps; ++i) {
-      const int r = warp + i * T::warps;
-      float4 v[4];
-      read_region(v, slot + r * 2048, lane);
-      store_region<AK, T::BM>(v, a_hi(s), a_lo(s), scales(s), 16 * r, lane);
-    }
-#pragma unroll
-    for (int i = 0; i < T::RB / T::warps; ++i) {
-      const int r = warp + i * T::warps;
-      float4 v[4];
-      read_region(v, slot + (T::RA + r) * 2048, lane);
-      store_region<BK_, T::BN>(v, b_hi(s), b_lo(s), scales(s) + T::BM, 16 * r, lane);
-    }
+    float4 v[4];
+    read_region(v, slot + warp * 2048, lane);
+    store_region<AK, T::BM>(v, a_hi(s), a_lo(s), scales(s), 16 * warp, lane);
+    read_region(v, slot + (T::RA + warp) * 2048, lane);
+    store_region<BK_, T::BN>(v, b_hi(s), b_lo(s), scales(s) + T::BM, 16 * warp, lane);
   };
 
   float acc[MT][NT][4];
