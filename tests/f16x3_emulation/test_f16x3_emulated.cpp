@@ -70,7 +70,8 @@ Result run(const Case& t, unsigned seed, bool large, RowScale row_scale, ColScal
     }
     for (int p = 0; p < t.k; ++p) {
       for (int j = 0; j < t.n; ++j) {
-        b.p[e * sb + (bt ? std::int64_t(j) * t.k + p : std::int64_t(p) * t.n + j)] = std::ldexp(normal(gb), col_scale(j));
+        b.p[e * sb + (bt ? std::int64_t(j) * t.k + p : std::int64_t(p) * t.n + j)] =
+            std::ldexp(normal(gb), col_scale(j));
       }
     }
   }

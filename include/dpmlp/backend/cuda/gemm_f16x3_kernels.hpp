@@ -91,10 +91,6 @@ struct Operand {
   int free_extent;  // m or n
 };
 
-// A warp's 16 (free) x 32 (k) values of a k-tile at (f0, k0) (f16x3_layout::region_element), 16 a lane,
-// copied asynchronously (cp.async) into the region's 2 KB of a ring slot, the lane's i-th float4 at
-// (32 i + lane) * 16 bytes; zeros outside the matrix. Every float4 is whole inside or whole outside: the contiguous extent and the leading dimension are
-// multiples of 4 (takes()). A lane reads back only what it copied itself, so its own wait suffices.
 // 16 bytes from global memory at src to shared address dst, asynchronously; zeros where bytes is 0.
 __device__ __forceinline__ void cp_async16(unsigned dst, const float* src, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes) : "memory");
@@ -105,10 +101,13 @@ __device__ __forceinline__ void copy_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(Pending) : "memory");
 }
 
-// One lane's copies of one region, k-tile after k-tile (copy() is called for k-tiles 0, 1, 2, ... in turn): the
-// address of its i = 0 value in the current k-tile, the steps to its i-th value and to the next k-tile, which of
-// its four values' rows (columns) exist, and its k offsets. The 64-bit address arithmetic once a kernel, not once
-// a copy.
+// One lane's copies of a warp's region, 16 (free) x 32 (k) values a k-tile, four float4 a lane at the offsets
+// f16x3_layout::region_element gives, k-tile after k-tile (copy() is called for k-tiles 0, 1, 2, ... in turn):
+// the address of its i = 0 value in the current k-tile, the steps to its i-th value and to the next k-tile,
+// which of its four values' rows (columns) exist, and its k offset (the 64-bit address arithmetic once a kernel,
+// not once a copy). Every float4 is whole inside the matrix or whole outside (zeros): the contiguous extent and
+// the leading dimension are multiples of 4 (takes()). A lane reads back only what it copied itself, so its own
+// wait suffices.
 template <bool KContig>
 struct RegionCopy {
   const float* at;
@@ -143,6 +142,7 @@ struct RegionCopy {
   }
 };
 
+// The lane's four float4 of a region's 2 KB in a ring slot.
 __device__ __forceinline__ void read_region(float4 (&v)[4], const unsigned char* src, int lane) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) v[i] = reinterpret_cast<const float4*>(src)[32 * i + lane];
