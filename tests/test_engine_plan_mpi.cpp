@@ -117,6 +117,9 @@ TEST_CASE("the plan resolves the engine from the model and the space", "[plan]")
     dpmlp::EngineOptions f16_portable = portable;
     f16_portable.gemm_3xfp16 = dpmlp::Toggle::on;
     CHECK_THROWS_WITH(plan(shape({32, 256, 256, 1}), 20000, f16_portable, 1, f16), Catch::Contains("not cutlass"));
+    dpmlp::EngineOptions f16_split = f16_on;  // the split operands would take the forward and delta GEMMs
+    f16_split.split_operands = dpmlp::Toggle::on;
+    CHECK_THROWS_WITH(plan(shape({32, 256, 256, 1}), 20000, f16_split, 1, f16), Catch::Contains("split operands"));
     // Where the split-operand kernels run, the layered engine's float GEMMs take them (other sums again);
     // asked off, or with other GEMMs, not; asked on, anywhere, and refused for double and other engines.
     dpmlp::EngineCaps unsplit_caps = h200();

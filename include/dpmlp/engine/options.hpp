@@ -117,8 +117,10 @@ struct EngineOptions {
   // block-scaled 3xFP16 kernels (backend/cuda/gemm_f16x3_kernels.hpp: each operand split in shared memory
   // into fp16 hi and lo parts with a power-of-two scale a row (column) and 32 k, FP16 tensor-core MMAs) rather
   // than CUTLASS's 3xTF32 kernels, on a GPU of compute capability 8.0 or newer. Experimental: automatic is off;
-  // on is refused where they cannot run (another engine or GEMM backend, double, an older GPU or none, or
-  // where the wgmma kernels take those GEMMs). The bits differ from CUTLASS's.
+  // on is refused where they cannot run (another engine or GEMM backend, double, an older GPU or none, the
+  // wgmma kernels or split operands in use). The bits differ from CUTLASS's, and so does the accuracy's
+  // reference: a value keeps 22 bits below the largest magnitude of its row (column) in its 32-k tile, not
+  // below its own (docs/design.md).
   Toggle gemm_3xfp16 = Toggle::automatic;
 };
 

@@ -353,8 +353,10 @@ inline EnginePlan plan_engine(const ModelShape& m, const EngineCaps& caps, const
     const char* why = p.engine != Engine::layered                ? "the plan's engine is not the layered one"
                       : m.scalar_bytes != sizeof(float)         ? "the model is double"
                       : p.gemm != linalg::Backend::cutlass      ? "the GEMM backend is not cutlass"
-                      : !caps.cutlass_on_f16x3                  ? "no CUDA GPU of compute capability 8.0 or newer"
+                      : !caps.cutlass_on_f16x3                  ? "no CUDA GPU of compute capability 8.0 or newer "
+                                                                  "with 81 KB of shared memory a block"
                       : p.gemm_wgmma                            ? "the wgmma kernels take those GEMMs here"
+                      : p.gemm_split                            ? "split operands run the forward and delta GEMMs"
                                                                 : nullptr;
     if (why != nullptr) throw InputError(std::string("dpmlp: gemm_3xfp16 on: the 3xFP16 GEMMs cannot run: ") + why);
     p.gemm_f16x3 = true;

@@ -100,7 +100,8 @@ DPMLP_CUDA_ENTRY bool wgmma_here();
 inline bool runs_on_wgmma(const BatchedGemm<float>& g) { return g.n >= 64 && wgmma_here(); }
 
 // Whether dpmlp's block-scaled 3xFP16 kernels (gemm_f16x3_kernels.hpp; experimental) can run here: a device of
-// compute capability 8.0 or newer.
+// compute capability 8.0 or newer that lets a CTA have the small tile's shared memory (81 KB; the large tile,
+// 162 KB, runs where it fits).
 DPMLP_CUDA_ENTRY bool f16x3_here();
 
 // Whether g (one that takes() accepts) runs on them: where it asks to (BatchedGemm::f16x3, which the layered

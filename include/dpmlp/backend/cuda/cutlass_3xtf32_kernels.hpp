@@ -192,15 +192,17 @@ inline void wgmma_gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, c
 #endif
 
 // The block-scaled 3xFP16 kernels (gemm_f16x3_kernels.hpp): large tiles where they still give every
-// multiprocessor a tile, as for CUTLASS's kernels (the tile changes no bits).
+// multiprocessor a tile, as for CUTLASS's kernels, and the device lets a CTA have their shared memory (the
+// tile changes no bits).
 inline void f16x3_gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Epilogue& e) {
   namespace f = gemm_f16x3;
   const f::Out out = e.kind == Epi::bias_activation   ? f::Out::bias_activation
                      : e.kind == Epi::activation_grad ? f::Out::activation_grad
                                                       : f::Out::linear;
   const std::int64_t large_tiles = g.batch * ((g.m + 127) / 128) * ((g.n + 127) / 128);
-  const bool large = g.m >= 128 && g.n >= 128 && large_tiles >= backend::cuda_device().sms &&
-                     (g.op_a == Op::T || g.m >= 16384);
+  const backend::CudaDevice& d = backend::cuda_device();
+  const bool large = g.m >= 128 && g.n >= 128 && large_tiles >= d.sms && (g.op_a == Op::T || g.m >= 16384) &&
+                     d.smem_optin >= f::smem_bytes(true);
   in_launch_chunks(g, [&](const BatchedGemm<float>& part, std::int64_t) {
     f::Params p;
     p.m = part.m, p.n = part.n, p.k = part.k;
@@ -225,7 +227,7 @@ inline void f16x3_gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, c
 
 DPMLP_CUDA_ENTRY bool f16x3_here() {
   const backend::CudaDevice& d = backend::cuda_device();
-  return d.read && d.major >= 8;
+  return d.read && d.major >= 8 && d.smem_optin >= gemm_f16x3::smem_bytes(false);
 }
 
 DPMLP_CUDA_ENTRY bool wgmma_here() {

@@ -3,13 +3,16 @@
 // backend's float GEMMs of n >= 64 on GPUs of compute capability 8.0 and newer (cutlass_3xtf32::gemm() decides;
 // cutlass_3xtf32.hpp says which GEMMs reach it at all).
 //
-// What they compute: C = alpha op(A) op(B) (+ beta C), or a fused epilogue (Out), in fp32-level accuracy on the
+// What they compute: C = alpha op(A) op(B) (+ beta C), or a fused epilogue (Out), at fp32-level accuracy on the
 // FP16 tensor cores (mma.sync.m16n8k16, twice the k of a TF32 MMA at the same issue cost). Each operand is
 // read as fp32 and split, once a CTA, into fp16 hi and lo parts (the deep kernel's scheme, mma_ops.hpp,
 // namespace f16x3) with a power-of-two scale for each row of op(A) and each column of op(B) over each chunk
 // of 32 k (the largest of those 32 magnitudes lands in [2^14, 2^15)). A chain of k = 32 (one k-tile: two k16
 // steps, each lo*hi, hi*lo, hi*hi) sums in a fresh fp32 accumulator, which is then multiplied by its row's and
-// column's scales and added to the output's fp32 sum.
+// column's scales and added to the output's fp32 sum. The accuracy's reference is the tile's largest: a value
+// keeps 22 bits below the largest magnitude of its row (column) in its k-tile, not below its own, so the sum
+// errs by about 2^-22 of the sum over k-tiles of the row's largest times the column's largest (docs/design.md
+// has what that means, and the limits near fp32's range, where the two scales' product can overflow or flush).
 //
 // Reproducible bits: an output element is a function of its own row of op(A), its column of op(B) and k alone
 // (the scales too, chunks of k from 0, the last zero-padded; chains added in increasing k; an MMA's output does
@@ -230,6 +233,7 @@ __device__ __forceinline__ void frag16(std::uint32_t (&r)[4], const __half* plan
 
 template <class T, bool AK, bool BK_, Out O>
 __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // cp.async, mma.sync.m16n8k16.f16
   namespace h = backend::f16x3;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr int MT = T::MT, NT = T::NT;
@@ -383,6 +387,10 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
       }
     }
   }
+#else
+  (void)p;
+  __trap();  // f16x3_here() refuses devices below compute capability 8.0
+#endif
 }
 
 // One launch of at most 65535 batch entries (the grid's y).
@@ -403,6 +411,9 @@ using Large = Tile<128, 128, 2, 4>;  // 8 warps of 64 x 32
 using Small = Tile<64, 64, 2, 2>;    // 4 warps of 32 x 32
 
 }  // namespace detail
+
+// The dynamic shared memory a CTA of the large (128 x 128) or small (64 x 64) tiles takes: 162 KB or 81 KB.
+inline constexpr int smem_bytes(bool large) { return large ? detail::Large::smem_bytes : detail::Small::smem_bytes; }
 
 // C = op(A) op(B) for `batch` entries (at most 65535), op(A) N (a_n) or T, op(B) N or T (b_t): N N and N T
 // (rows x weights, any Out that matches: bias_activation for N N, activation_grad for N T) and T N (per-block
