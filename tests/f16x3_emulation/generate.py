@@ -7,24 +7,13 @@ is an error, so the test cannot drift from the kernels unnoticed.
 
 usage: generate.py <include dir> <output file>
 """
+import os
 import re
 import sys
 
-
-def between(text, start, end, name, keep_end=False):
-    i = text.find(start)
-    if i < 0:
-        sys.exit(f"generate.py: '{start}' not found ({name}): update tests/f16x3_emulation/generate.py")
-    j = text.find(end, i + len(start))
-    if j < 0:
-        sys.exit(f"generate.py: the end of '{start}' not found ({name})")
-    return text[i:j + (len(end) if keep_end else 0)]
-
-
-def replace(text, old, new, name):
-    if old not in text:
-        sys.exit(f"generate.py: '{old}' not found ({name}): update tests/f16x3_emulation/generate.py")
-    return text.replace(old, new)
+# The generators' shared extraction helpers live beside the wgmma generator.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "wgmma_emulation"))
+from extract import between, replace  # noqa: E402
 
 
 def main():
@@ -37,7 +26,7 @@ def main():
     mma3 = between(ops, "template <int N, bool Init = false>\n__device__ inline void mma3(", "\n}\n",
                    "mma_ops.hpp: mma3", True)
 
-    body = between(kernels, "enum class Out", "}  // namespace gemm_f16x3", "gemm_f16x3_kernels.hpp")
+    body = between(kernels, "using Out = kernel_gemm::Out;", "}  // namespace gemm_f16x3", "gemm_f16x3_kernels.hpp")
     body = replace(body, 'asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), '
                          '"r"(bytes) : "memory");', "emulation::cp_async16(dst, src, bytes);", "cp_async16")
     body = replace(body, 'asm volatile("cp.async.commit_group;" ::: "memory");', "emulation::copy_commit();",
@@ -58,6 +47,7 @@ def main():
 
 #include "dpmlp/activation.hpp"
 #include "dpmlp/backend/cuda/f16x3_layout.hpp"
+#include "dpmlp/backend/cuda/kernel_gemm.hpp"
 
 constexpr cudaError_t cudaErrorInvalidConfiguration = 9;
 constexpr cudaError_t cudaErrorNotSupported = 801;

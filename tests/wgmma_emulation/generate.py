@@ -9,15 +9,7 @@ usage: generate.py <include dir> <output file>
 import re
 import sys
 
-
-def between(text, start, end, name, keep_end=False):
-    i = text.find(start)
-    if i < 0:
-        sys.exit(f"generate.py: '{start}' not found ({name}): update tests/wgmma_emulation/generate.py")
-    j = text.find(end, i + len(start))
-    if j < 0:
-        sys.exit(f"generate.py: the end of '{start}' not found ({name})")
-    return text[i:j + (len(end) if keep_end else 0)]
+from extract import between, replace
 
 
 def main():
@@ -26,7 +18,7 @@ def main():
     kernels, iface, ops = read("wgmma_3xtf32_kernels.hpp"), read("wgmma_3xtf32.hpp"), read("mma_ops.hpp")
     cut, cut_kernels = read("cutlass_3xtf32.hpp"), read("cutlass_3xtf32_kernels.hpp")
 
-    params = between(iface, "enum class Out", "\n// C = op(A) op(B)", "wgmma_3xtf32.hpp: Out, Params")
+    params = between(iface, "using Out = kernel_gemm::Out;", "\n// C = op(A) op(B)", "wgmma_3xtf32.hpp: Out, Params")
     split = between(ops, "__device__ inline void split(", "\n}\n", "mma_ops.hpp: tf32::split", True)
     body = between(kernels, "__device__ inline float part(", "\n// Launches the kernel", "the kernels")
     launch = between(kernels, "template <int BN, bool AK, bool BK, Out O>\ninline cudaError_t launch(",
@@ -37,12 +29,9 @@ def main():
     epilogue = between(cut, "struct Epilogue {", "};", "cutlass_3xtf32.hpp: Epilogue", True)
     takes = between(cut, "inline bool takes(", "\n}\n", "cutlass_3xtf32.hpp: takes()", True)
     chunks = between(cut_kernels, "template <class F>\nvoid in_launch_chunks", "\n}\n", "in_launch_chunks", True)
+    kernel_helpers = between(cut_kernels, "inline kernel_gemm::Out kernel_out(", "\n#if defined(DPMLP_HAVE_WGMMA)",
+                             "kernel_out(), kernel_params()")
     wgmma_gemm = between(cut_kernels, "inline void wgmma_gemm(", "\n#endif", "wgmma_gemm()")
-
-    def replace(text, old, new, name):
-        if old not in text:
-            sys.exit(f"generate.py: '{old}' not found ({name})")
-        return text.replace(old, new)
 
     body = replace(body, "extern __shared__ char smem_raw[];", "char* const smem_raw = emulation::smem;", "smem")
     # The split stores are the kernels' only generic-proxy writes to shared memory: record them, for the
@@ -62,6 +51,7 @@ def main():
 
 #include "dpmlp/activation.hpp"
 #include "dpmlp/errors.hpp"
+#include "dpmlp/backend/cuda/kernel_gemm.hpp"
 #include "dpmlp/backend/cuda/wgmma_layout.hpp"
 #include "dpmlp/linalg/gemm.hpp"
 
@@ -103,6 +93,7 @@ namespace detail {{
 {takes}
 namespace detail {{
 {chunks}
+{kernel_helpers}
 {wgmma_gemm}
 }}  // namespace detail
 }}  // namespace cutlass_3xtf32

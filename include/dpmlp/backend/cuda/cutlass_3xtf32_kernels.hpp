@@ -17,6 +17,7 @@
 #include "dpmlp/backend/cuda/cutlass_3xtf32.hpp"
 #include "dpmlp/backend/cuda/device.hpp"
 #include "dpmlp/backend/cuda/gemm_f16x3_kernels.hpp"
+#include "dpmlp/backend/cuda/kernel_gemm.hpp"
 #include "dpmlp/errors.hpp"
 #if defined(DPMLP_HAVE_WGMMA)
 #include "dpmlp/backend/cuda/wgmma_3xtf32.hpp"
@@ -164,22 +165,31 @@ void rows_kernel(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const S
   }
 }
 
+// dpmlp's own kernels (wgmma, 3xFP16): what C gets, and the parameters of one launch's part of g.
+inline kernel_gemm::Out kernel_out(const Epilogue& e) {
+  return e.kind == Epi::bias_activation   ? kernel_gemm::Out::bias_activation
+         : e.kind == Epi::activation_grad ? kernel_gemm::Out::activation_grad
+                                          : kernel_gemm::Out::linear;
+}
+inline void kernel_params(kernel_gemm::Params& p, const BatchedGemm<float>& g, const BatchedGemm<float>& part,
+                          const Epilogue& e) {
+  p.m = part.m, p.n = part.n, p.k = part.k;
+  p.a = part.a, p.lda = part.lda, p.stride_a = part.stride_a;
+  p.b = part.b, p.ldb = part.ldb, p.stride_b = part.stride_b;
+  p.c = part.c, p.ldc = part.ldc, p.stride_c = part.stride_c;
+  p.alpha = part.alpha, p.beta = part.beta;
+  p.src = e.src, p.src_ld = e.ld, p.act = e.act;  // fused epilogues: one batch entry
+  p.pairs = !g.blocks && g.ldc % 2 == 0 && reinterpret_cast<std::uintptr_t>(g.c) % 8 == 0 &&
+            (g.batch == 1 || g.stride_c % 2 == 0);
+}
+
 #if defined(DPMLP_HAVE_WGMMA)
 inline void wgmma_gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Epilogue& e) {
   namespace w = wgmma_3xtf32;
-  const w::Out out = e.kind == Epi::bias_activation   ? w::Out::bias_activation
-                     : e.kind == Epi::activation_grad ? w::Out::activation_grad
-                                                      : w::Out::linear;
+  const w::Out out = kernel_out(e);
   in_launch_chunks(g, [&](const BatchedGemm<float>& part, std::int64_t) {
     w::Params p;
-    p.m = part.m, p.n = part.n, p.k = part.k;
-    p.a = part.a, p.lda = part.lda, p.stride_a = part.stride_a;
-    p.b = part.b, p.ldb = part.ldb, p.stride_b = part.stride_b;
-    p.c = part.c, p.ldc = part.ldc, p.stride_c = part.stride_c;
-    p.alpha = part.alpha, p.beta = part.beta;
-    p.src = e.src, p.src_ld = e.ld, p.act = e.act;  // fused epilogues: one batch entry
-    p.pairs = !g.blocks && g.ldc % 2 == 0 && reinterpret_cast<std::uintptr_t>(g.c) % 8 == 0 &&
-              (g.batch == 1 || g.stride_c % 2 == 0);
+    kernel_params(p, g, part, e);
     const cudaError_t s =
         w::gemm(space.cuda_stream(), p, static_cast<int>(part.batch), g.op_a == Op::N, g.op_b == Op::T, out);
     if (s != cudaSuccess) {
@@ -196,23 +206,14 @@ inline void wgmma_gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, c
 // tile changes no bits).
 inline void f16x3_gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Epilogue& e) {
   namespace f = gemm_f16x3;
-  const f::Out out = e.kind == Epi::bias_activation   ? f::Out::bias_activation
-                     : e.kind == Epi::activation_grad ? f::Out::activation_grad
-                                                      : f::Out::linear;
+  const f::Out out = kernel_out(e);
   const std::int64_t large_tiles = g.batch * ((g.m + 127) / 128) * ((g.n + 127) / 128);
   const backend::CudaDevice& d = backend::cuda_device();
   const bool large = g.m >= 128 && g.n >= 128 && large_tiles >= d.sms && (g.op_a == Op::T || g.m >= 16384) &&
                      d.smem_optin >= f::smem_bytes(true);
   in_launch_chunks(g, [&](const BatchedGemm<float>& part, std::int64_t) {
     f::Params p;
-    p.m = part.m, p.n = part.n, p.k = part.k;
-    p.a = part.a, p.lda = part.lda, p.stride_a = part.stride_a;
-    p.b = part.b, p.ldb = part.ldb, p.stride_b = part.stride_b;
-    p.c = part.c, p.ldc = part.ldc, p.stride_c = part.stride_c;
-    p.alpha = part.alpha, p.beta = part.beta;
-    p.src = e.src, p.src_ld = e.ld, p.act = e.act;  // fused epilogues: one batch entry
-    p.pairs = !g.blocks && g.ldc % 2 == 0 && reinterpret_cast<std::uintptr_t>(g.c) % 8 == 0 &&
-              (g.batch == 1 || g.stride_c % 2 == 0);
+    kernel_params(p, g, part, e);
     const cudaError_t s =
         f::gemm(space.cuda_stream(), p, static_cast<int>(part.batch), g.op_a == Op::N, g.op_b == Op::T, out, large);
     if (s != cudaSuccess) {

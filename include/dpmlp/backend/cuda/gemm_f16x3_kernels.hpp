@@ -35,31 +35,15 @@
 
 #include "dpmlp/activation.hpp"
 #include "dpmlp/backend/cuda/f16x3_layout.hpp"
+#include "dpmlp/backend/cuda/kernel_gemm.hpp"
 #include "dpmlp/backend/cuda/mma_ops.hpp"
 
 namespace dpmlp {
 namespace linalg {
 namespace gemm_f16x3 {
 
-// What the GEMM writes: C = alpha acc (+ beta C); C = activate(act, acc + bias[column]) (src: the bias);
-// C = acc * activate_grad_from_output(act, Y) (src: Y, leading dimension src_ld). The fused forms are one GEMM,
-// alpha 1, no old C.
-enum class Out { linear, bias_activation, activation_grad };
-
-struct Params {
-  int m = 0, n = 0, k = 0;
-  const float* a = nullptr;
-  std::int64_t lda = 0, stride_a = 0;
-  const float* b = nullptr;
-  std::int64_t ldb = 0, stride_b = 0;
-  float* c = nullptr;
-  std::int64_t ldc = 0, stride_c = 0;
-  float alpha = 1.0f, beta = 0.0f;
-  const float* src = nullptr;
-  std::int64_t src_ld = 0;
-  Activation act = Activation::identity;
-  bool pairs = false;  // C's rows 8-byte aligned (and its batch stride even): two columns a store
-};
+using Out = kernel_gemm::Out;
+using Params = kernel_gemm::Params;
 
 namespace detail {
 

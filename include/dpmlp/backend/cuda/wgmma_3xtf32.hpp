@@ -10,30 +10,17 @@
 
 #include <cstdint>
 
-#include "dpmlp/activation.hpp"
+#include "dpmlp/backend/cuda/kernel_gemm.hpp"
 
 namespace dpmlp {
 namespace linalg {
 namespace wgmma_3xtf32 {
 
-// What C gets (cutlass_3xtf32's detail::Epi): alpha acc (+ beta C), activate(acc + bias[col]), or
-// acc * activate'(Y[row][col]).
-enum class Out { linear, bias_activation, activation_grad };
+using Out = kernel_gemm::Out;
 
-struct Params {
-  int m = 0, n = 0, k = 0;
-  const float* a = nullptr;
-  std::int64_t lda = 0, stride_a = 0;
-  const float* b = nullptr;
-  std::int64_t ldb = 0, stride_b = 0;
-  float* c = nullptr;
-  std::int64_t ldc = 0, stride_c = 0;
-  float alpha = 1.0f, beta = 0.0f;
-  const float* src = nullptr;  // the bias (bias_activation) or Y (activation_grad)
-  std::int64_t src_ld = 0;
-  Activation act = Activation::identity;
+// The call's parameters (kernel_gemm.hpp) and the launch's own: the tiles along n.
+struct Params : kernel_gemm::Params {
   int tiles_n = 1;
-  bool pairs = false;  // C's rows take 8-byte stores (ldc even, c 8-byte aligned)
 };
 
 // C = op(A) op(B) with output o, for `batch` entries (at most 65535; grid y). a_kcontig: A is m x k row-major
