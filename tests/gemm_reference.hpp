@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The fp64 reference of one batched GEMM with dpmlp's fused epilogues, for the tests of the GPU GEMM kernels:
-// test_mlp's cutlass cases (on the GPU) and test_wgmma_emulated (the wgmma kernels on a host model).
+// test_mlp's cutlass cases (on the GPU), test_wgmma_emulated and test_f16x3_emulated (dpmlp's kernels on a host
+// model); and, for the emulated tests, exact-size host buffers and what a run gives.
 #pragma once
 
 #include <dpmlp/activation.hpp>
@@ -9,7 +10,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
+#include <new>
 #include <vector>
 
 namespace dpmlp_test {
@@ -75,6 +79,37 @@ inline double epilogue_gemm_error(const EpilogueGemm& t, const EpilogueGemmData&
     }
   }
   return worst;
+}
+
+// Exactly `count` floats, 64-byte aligned: an address sanitizer sees any read past the end.
+struct Buffer {
+  float* p = nullptr;
+  explicit Buffer(std::int64_t count) {
+    if (posix_memalign(reinterpret_cast<void**>(&p), 64, static_cast<std::size_t>(count) * sizeof(float)) != 0) {
+      throw std::bad_alloc();
+    }
+  }
+  ~Buffer() { std::free(p); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+};
+
+// A run of one GEMM: its error (epilogue_gemm_error), the elements of C's buffer (c_size floats from d.c)
+// outside C that changed, and C (batch entry 0).
+struct Result {
+  double worst = 0;      // max |C - exact| / sum |terms|
+  int stray = 0;         // elements outside C that changed
+  std::vector<float> c;  // C (batch entry 0)
+};
+inline Result result_of(const EpilogueGemm& t, const EpilogueGemmData& d, std::int64_t c_size) {
+  Result r;
+  std::vector<char> inside(c_size, 0);
+  r.worst = epilogue_gemm_error(t, d, &inside);
+  for (std::int64_t i = 0; i < c_size; ++i) {
+    if (!inside[i] && std::memcmp(&d.c[i], &d.c_old[i], sizeof(float)) != 0) ++r.stray;
+  }
+  r.c.assign(d.c + d.off, d.c + d.off + std::int64_t(t.m) * t.n);
+  return r;
 }
 
 }  // namespace dpmlp_test

@@ -29,24 +29,8 @@ namespace cu = dpmlp::linalg::cutlass_3xtf32;
 
 using Case = dpmlp_test::EpilogueGemm;
 
-// Exactly `count` floats, 64-byte aligned: an address sanitizer sees any read past the end.
-struct Buffer {
-  float* p = nullptr;
-  explicit Buffer(std::int64_t count) {
-    if (posix_memalign(reinterpret_cast<void**>(&p), 64, static_cast<std::size_t>(count) * sizeof(float)) != 0) {
-      throw std::bad_alloc();
-    }
-  }
-  ~Buffer() { std::free(p); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-};
-
-struct Result {
-  double worst = 0;      // max |C - exact| / sum |terms|
-  int stray = 0;         // elements outside C that changed
-  std::vector<float> c;  // C (batch entry 0)
-};
+using dpmlp_test::Buffer;
+using dpmlp_test::Result;
 
 // Runs case t on data drawn from `seed` (one generator an array, so a GEMM of fewer rows gets a prefix of the
 // same row-major A, Y and C).
@@ -81,14 +65,7 @@ Result run(const Case& t, unsigned seed) {
   REQUIRE(cu::takes(g, e));
   cu::detail::wgmma_gemm(emulation::Space(), g, e);
 
-  Result r;
-  std::vector<char> inside(c_size, 0);
-  r.worst = dpmlp_test::epilogue_gemm_error(t, {a.p, b.p, bias.p, y.p, c_old.data(), c.p, sa, sb, sc, off}, &inside);
-  for (std::int64_t i = 0; i < c_size; ++i) {
-    if (!inside[i] && std::memcmp(&c.p[i], &c_old[i], sizeof(float)) != 0) ++r.stray;
-  }
-  r.c.assign(c.p + off, c.p + off + std::int64_t(t.m) * t.n);
-  return r;
+  return dpmlp_test::result_of(t, {a.p, b.p, bias.p, y.p, c_old.data(), c.p, sa, sb, sc, off}, c_size);
 }
 
 const char* name(Op op) { return op == Op::T ? "T" : "N"; }
