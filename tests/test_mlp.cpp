@@ -838,12 +838,19 @@ void check_rows_and_blocks_independent(dpmlp::linalg::Backend backend, bool f16x
         INFO("op_b " << (ob == Op::N ? "N" : "T") << ", 3xFP16 " << f16x3 << ": max error " << worst << " of max |C| " << scale);
         CHECK(worst <= 1e-6 * scale);
       }
+      // The spans with a workspace where the backend takes one (the 3xFP16 kernels then split B once, not in
+      // every CTA): the same bits as the whole GEMM without.
+      const std::size_t ws_bytes = dpmlp::linalg::gemm_workspace_bytes(Space(), backend, g);
+      if (f16x3) CHECK(ws_bytes > 0);
+      Kokkos::View<unsigned char*, Memory> ws("ws", ws_bytes);
       for (int span : {1, 7, 64, 1000, 3999, 17000}) {
         Kokkos::deep_copy(c2, 0.0f);
         auto part = g;
         part.m = span;
         part.a = a.data() + 1000 * k;
         part.c = c2.data() + 1000 * n;
+        part.workspace = ws.data();
+        part.workspace_bytes = ws_bytes;
         run(part);
         auto h1 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), c1);
         auto h2 = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), c2);
@@ -982,6 +989,28 @@ void check_odd_gemm(const OddGemm& t, bool f16x3) {
     dpmlp::linalg::gemm(Space(), dpmlp::linalg::Backend::cutlass, g);
   }
   REQUIRE(fused);
+  // With a workspace where the backend takes one (3xFP16, rows x weights: op(B) split once, not in every CTA):
+  // the same bits.
+  const std::size_t ws_bytes = dpmlp::linalg::gemm_workspace_bytes(Space(), dpmlp::linalg::Backend::cutlass, g);
+  if (ws_bytes > 0) {
+    auto first = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), c);
+    Kokkos::deep_copy(c, c_old);
+    Kokkos::View<unsigned char*, Memory> ws("ws", ws_bytes);
+    auto gw = g;
+    gw.workspace = ws.data();
+    gw.workspace_bytes = ws_bytes;
+    if (t.epilogue == 1) {
+      dpmlp::linalg::gemm_with_bias(Space(), dpmlp::linalg::Backend::cutlass, gw, bias.data(), t.act);
+    } else if (t.epilogue == 2) {
+      dpmlp::linalg::gemm_with_activation_grad(Space(), dpmlp::linalg::Backend::cutlass, gw, y.data(), t.n, t.act);
+    } else {
+      dpmlp::linalg::gemm(Space(), dpmlp::linalg::Backend::cutlass, gw);
+    }
+    auto second = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), c);
+    INFO("op " << (at ? 'T' : 'N') << (bt ? 'T' : 'N') << ", " << t.m << " x " << t.n << " x " << t.k
+               << ": op(B) split once against in every CTA");
+    CHECK(std::memcmp(first.data(), second.data(), sizeof(float) * first.extent(0)) == 0);
+  }
   auto ha = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), a);
   auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
   auto hbias = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), bias);

@@ -199,6 +199,20 @@ void launch_warps(Kernel kernel, dim3 grid, unsigned threads, std::size_t bytes,
   cta_begin = cta_end = nullptr;
 }
 
+// kernel<<<grid, threads, 0, stream>>>(args...) for a kernel whose threads share nothing (no shared memory, no
+// warp instruction, no barrier): every thread of every CTA in turn, on the calling thread.
+template <class Kernel, class... Args>
+void launch_serial(Kernel kernel, dim3 grid, unsigned threads, cudaStream_t, const Args&... args) {
+  for (unsigned y = 0; y < grid.y; ++y) {
+    for (unsigned x = 0; x < grid.x; ++x) {
+      for (unsigned t = 0; t < threads; ++t) {
+        blockIdx.x = x, blockIdx.y = y, threadIdx.x = t;
+        kernel(args...);
+      }
+    }
+  }
+}
+
 }  // namespace emulation
 
 inline __half2 __floats2half2_rn(float a, float b) { return {emulation::f16::encode(a), emulation::f16::encode(b)}; }

@@ -4,7 +4,8 @@
 // use (f16x3_model.hpp over ../wgmma_emulation/emulation.hpp). Checks, for every operand layout, both tile
 // shapes, each fused epilogue, alpha/beta, batches of blocks at odd offsets and shapes no tile divides: C
 // against fp64 within fp32 accuracy, nothing written outside C; the same bits from both tiles; a row's bits
-// independent of m; and rows and columns of very different magnitudes (the scales). The model completes each
+// independent of m; op(B) split beforehand (split_b, as with a workspace) giving the same bits as split in
+// every CTA; and rows and columns of very different magnitudes (the scales). The model completes each
 // cp.async only at the wait that retires it, so a ring slot read before its wait, or refilled while in use,
 // shows. A GPU run (test_mlp's "cutlass" cases with BatchedGemm::f16x3) remains the check that the model is
 // the hardware.
@@ -32,11 +33,14 @@ using Case = dpmlp_test::EpilogueGemm;
 using dpmlp_test::Buffer;
 using dpmlp_test::Result;
 
+std::int64_t backend_split_bytes(const Case& t) { return dpmlp::backend::f16x3_layout::split_b_bytes(t.n, t.k); }
+
 // Case t on data drawn from `seed` (one generator an array, so a GEMM of fewer rows gets a prefix of the same
-// row-major A, Y and C), on the large tiles or the small ones. `row_scale`, `col_scale`: op(A)'s row i times
-// 2^row_scale(i), op(B)'s column j times 2^col_scale(j).
+// row-major A, Y and C), on the large tiles or the small ones; rows x weights (op(A) N) with one B for the
+// whole batch (batch stride 0), as the layered engine runs them, split beforehand by split_b where pre_b.
+// `row_scale`, `col_scale`: op(A)'s row i times 2^row_scale(i), op(B)'s column j times 2^col_scale(j).
 template <class RowScale, class ColScale>
-Result run(const Case& t, unsigned seed, bool large, RowScale row_scale, ColScale col_scale) {
+Result run(const Case& t, unsigned seed, bool large, bool pre_b, RowScale row_scale, ColScale col_scale) {
   const bool at = t.op_a == Op::T, bt = t.op_b == Op::T;
   const std::int64_t sa = std::int64_t(t.m) * t.k, sb = std::int64_t(t.k) * t.n;
   const std::int64_t sc = std::int64_t(t.m) * t.n + (at ? 3 : 0);  // blocks' C at odd offsets
@@ -51,6 +55,10 @@ Result run(const Case& t, unsigned seed, bool large, RowScale row_scale, ColScal
         a.p[e * sa + (at ? std::int64_t(p) * t.m + i : std::int64_t(i) * t.k + p)] =
             std::ldexp(normal(ga), row_scale(i));
       }
+    }
+    if (!at && e > 0) {  // B shared: entry 0's again
+      std::memcpy(b.p + e * sb, b.p, sizeof(float) * sb);
+      continue;
     }
     for (int p = 0; p < t.k; ++p) {
       for (int j = 0; j < t.n; ++j) {
@@ -71,26 +79,36 @@ Result run(const Case& t, unsigned seed, bool large, RowScale row_scale, ColScal
   f::Params p;
   p.m = t.m, p.n = t.n, p.k = t.k;
   p.a = a.p, p.lda = at ? t.m : t.k, p.stride_a = sa;
-  p.b = b.p, p.ldb = bt ? t.k : t.n, p.stride_b = sb;
+  p.b = b.p, p.ldb = bt ? t.k : t.n, p.stride_b = at ? sb : 0;
   p.c = c.p + off, p.ldc = t.n, p.stride_c = sc;
   p.alpha = t.alpha, p.beta = t.beta;
   p.pairs = !at && t.n % 2 == 0;  // blocks' C element by element
   f::Out out = f::Out::linear;
   if (t.epilogue == 1) out = f::Out::bias_activation, p.src = bias.p, p.act = t.act;
   if (t.epilogue == 2) out = f::Out::activation_grad, p.src = y.p, p.src_ld = t.n, p.act = t.act;
+  Buffer split(pre_b ? backend_split_bytes(t) / 4 : 1);
+  if (pre_b) {
+    REQUIRE(!at);
+    // Where split_b does not write, NaN (as the workspace's garbage would be): a read of it shows in C.
+    const std::int64_t words = backend_split_bytes(t) / 4;
+    for (std::int64_t i = 0; i < words; ++i) split.p[i] = std::numeric_limits<float>::quiet_NaN();
+    REQUIRE(f::split_b(nullptr, p.b, p.ldb, t.n, t.k, bt, reinterpret_cast<unsigned char*>(split.p)) == cudaSuccess);
+    p.b_split = reinterpret_cast<const unsigned char*>(split.p);
+  }
   REQUIRE(f::gemm(nullptr, p, t.batch, !at, bt, out, large) == cudaSuccess);
 
   return dpmlp_test::result_of(t, {a.p, b.p, bias.p, y.p, c_old.data(), c.p, sa, sb, sc, off}, c_size);
 }
-Result run(const Case& t, unsigned seed, bool large) {
+Result run(const Case& t, unsigned seed, bool large, bool pre_b = false) {
   const auto one = [](int) { return 0; };
-  return run(t, seed, large, one, one);
+  return run(t, seed, large, pre_b, one, one);
 }
 
 const char* name(Op op) { return op == Op::T ? "T" : "N"; }
 
-// Case t on both tiles: fp32 accuracy, nothing written outside C, the same bits.
-void check_both_tiles(const Case& t, unsigned seed) {
+// Case t on both tiles: fp32 accuracy, nothing written outside C, the same bits; for rows x weights, the same
+// bits again with op(B) split beforehand, on the small tiles (and the large ones where `pre_b_large`).
+void check_both_tiles(const Case& t, unsigned seed, bool pre_b_large = false) {
   INFO("op " << name(t.op_a) << name(t.op_b) << ", " << t.m << " x " << t.n << " x " << t.k << ", batch " << t.batch
              << ", epilogue " << t.epilogue);
   const Result small = run(t, seed, false), large = run(t, seed, true);
@@ -99,6 +117,14 @@ void check_both_tiles(const Case& t, unsigned seed) {
   CHECK(small.stray == 0);
   CHECK(large.stray == 0);
   CHECK(std::memcmp(small.c.data(), large.c.data(), small.c.size() * sizeof(float)) == 0);
+  if (t.op_a == Op::T) return;
+  for (const bool tile : {false, true}) {
+    if (tile && !pre_b_large) continue;
+    const Result pre = run(t, seed, tile, true);
+    INFO("op(B) split beforehand, " << (tile ? "large" : "small") << " tiles");
+    CHECK(pre.stray == 0);
+    CHECK(std::memcmp(small.c.data(), pre.c.data(), small.c.size() * sizeof(float)) == 0);
+  }
 }
 
 }  // namespace
@@ -116,7 +142,7 @@ TEST_CASE("3xFP16 kernels (emulated): every layout and epilogue at fp32 accuracy
       {Op::T, Op::N, 132, 64, 63, 1, 0, Activation::identity, 1.0f, 0.0f},
       {Op::N, Op::N, 70, 64, 36, 2, 0, Activation::identity, 1.0f, 0.5f},    // a batch of whole GEMMs
   };
-  for (const Case& t : cases) check_both_tiles(t, 1);
+  for (std::size_t i = 0; i < cases.size(); ++i) check_both_tiles(cases[i], 1, i == 0 || i == 3);
 }
 
 TEST_CASE("3xFP16 kernels (emulated): a row's bits do not depend on how many rows the GEMM has", "[f16x3]") {
@@ -137,7 +163,7 @@ TEST_CASE("3xFP16 kernels (emulated): rows and columns 2^120 apart keep their ow
   for (const Case& t : {Case{Op::N, Op::N, 90, 72, 100, 1, 0, Activation::identity, 1.0f, 0.0f},
                         Case{Op::N, Op::T, 90, 72, 100, 1, 0, Activation::identity, 1.0f, 0.0f},
                         Case{Op::T, Op::N, 72, 64, 100, 1, 0, Activation::identity, 1.0f, 0.0f}}) {
-    const Result r = run(t, 9, false, rows, cols);
+    const Result r = run(t, 9, false, false, rows, cols);
     INFO("op " << name(t.op_a) << name(t.op_b) << ": max error / sum |terms| " << r.worst);
     CHECK(r.worst <= 2e-6);
   }
@@ -157,15 +183,20 @@ TEST_CASE("3xFP16 model: fp16 conversions round to nearest even, with subnormals
   for (std::uint16_t v : {0x0001, 0x03ff, 0x0400, 0x3555, 0x7bff, 0x8400, 0xfbff}) CHECK(h::encode(h::decode(v)) == v);
 }
 
-// Small GEMMs over four k-tiles (the ring refilled, both stages reused), fast enough for scripts/test.sh to run
-// under ThreadSanitizer, where a split store to a stage that another warp's ldmatrix may still read, without
-// the barrier between them, is a data race.
+// Small GEMMs over four k-tiles (the ring refilled, both stages reused), and with op(B) split beforehand over
+// six (its ring of four refilled), fast enough for scripts/test.sh to run under ThreadSanitizer, where a split
+// store to a stage, or a copy into a ring slot, that another warp may still read, without the barrier between
+// them, is a data race.
 TEST_CASE("3xFP16 kernels (emulated): small GEMMs of every layout", "[f16x3][races]") {
   for (const Case& t : {Case{Op::N, Op::N, 64, 64, 100, 1, 1, Activation::relu, 1.0f, 0.0f},
                         Case{Op::N, Op::T, 64, 64, 100, 1, 2, Activation::tanh, 1.0f, 0.0f},
-                        Case{Op::T, Op::N, 64, 64, 100, 1, 0, Activation::identity, 1.0f, 0.0f}}) {
-    const Result r = run(t, 3, false);
-    INFO("op " << name(t.op_a) << name(t.op_b) << ": max error / sum |terms| " << r.worst);
+                        Case{Op::T, Op::N, 64, 64, 100, 1, 0, Activation::identity, 1.0f, 0.0f},
+                        Case{Op::N, Op::N, 64, 64, 196, 1, 0, Activation::identity, 1.0f, 0.0f},
+                        Case{Op::N, Op::T, 64, 64, 196, 1, 0, Activation::identity, 1.0f, 0.0f}}) {
+    const bool pre_b = t.k > 100;
+    const Result r = run(t, 3, false, pre_b);
+    INFO("op " << name(t.op_a) << name(t.op_b) << (pre_b ? ", op(B) split beforehand" : "")
+               << ": max error / sum |terms| " << r.worst);
     CHECK(r.worst <= 2e-6);
     CHECK(r.stray == 0);
   }

@@ -126,6 +126,25 @@ class BlockEngine {
     row_scratch_ = Kokkos::View<Scalar*, memory_space>(Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::rows"),
                                                        rows);
     if (plan_.gemm_split) init_split(widest);
+    {
+      // The GEMMs over rows (rows x weights, forward and back) may use a workspace (the 3xFP16 kernels split the
+      // weights into it once a GEMM): the largest any of them takes. They all run on `space`, one at a time.
+      std::size_t bytes = 0;
+      const auto& w = model.widths();
+      for (int l = 0; l < model.layers(); ++l) {
+        const std::size_t i = static_cast<std::size_t>(l);
+        linalg::BatchedGemm<Scalar> g;
+        g.f16x3 = plan_.gemm_f16x3;
+        g.n = w[i + 1], g.k = w[i];
+        bytes = std::max(bytes, linalg::gemm_workspace_bytes(ExecSpace(), plan_.gemm, g));
+        g.op_b = linalg::Op::T, g.n = w[i], g.k = w[i + 1];
+        if (l > 0) bytes = std::max(bytes, linalg::gemm_workspace_bytes(ExecSpace(), plan_.gemm, g));
+      }
+      if (bytes > 0) {
+        gemm_workspace_ = Kokkos::View<unsigned char*, memory_space>(
+            Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::gemm_workspace"), bytes);
+      }
+    }
     // The gradients beside the delta chain (compute()), where the GEMMs can run on two streams at once:
     // not the cuBLAS backend, whose handle's workspace is shared by every stream.
     if (!is_host_space<ExecSpace>() && plan_.gemm != linalg::Backend::cublas) {
@@ -932,6 +951,8 @@ class BlockEngine {
                  std::int64_t ld_src = 0, Activation act = Activation::identity) const {
     linalg::BatchedGemm<Scalar> g;
     g.f16x3 = plan_.gemm_f16x3;
+    g.workspace = gemm_workspace_.data();
+    g.workspace_bytes = gemm_workspace_.extent(0);
     g.op_b = op_w;
     g.n = n;
     g.k = k;
@@ -1010,6 +1031,7 @@ class BlockEngine {
   std::vector<matrix> acts_;
   matrix delta_[2];
   Kokkos::View<Scalar*, memory_space> row_scratch_;
+  Kokkos::View<unsigned char*, memory_space> gemm_workspace_;  // rows_gemm's (linalg::gemm_workspace_bytes)
   backend::SideStream<ExecSpace> side_;  // the layered engine's gradients on device spaces (compute())
   // Split operands (init_split)
   bool split_ = false;

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <climits>
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <type_traits>
@@ -71,6 +72,11 @@ struct BatchedGemm {
   // float on the cutlass backend: the GEMM may run on the block-scaled 3xFP16 kernels (EnginePlan::gemm_f16x3;
   // cutlass_3xtf32.hpp, runs_on_f16x3), whose bits differ from CUTLASS's.
   bool f16x3 = false;
+  // Device memory the backend may use during the call (its kernels are done with it before later work on the
+  // same space starts); null: none. The 3xFP16 kernels split an op(B) that every row shares into it once
+  // (gemm_workspace_bytes() says how much), rather than in every CTA; the bits are the same either way.
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
 };
 
 namespace detail {
@@ -608,6 +614,19 @@ void gemm(const ExecSpace& space, Backend backend, const BatchedGemm<Scalar>& g)
   }
   throw std::invalid_argument(std::string("dpmlp::linalg::gemm: backend '") + backend_name(backend) +
                               "' is not available for execution space " + ExecSpace::name());
+}
+
+// The workspace (BatchedGemm::workspace) the backend makes use of for a GEMM of g's shape and options: 0 where
+// it uses none. The cutlass backend's 3xFP16 kernels take one where every row shares op(B) (rows x weights).
+template <class ExecSpace, class Scalar>
+std::size_t gemm_workspace_bytes(const ExecSpace&, Backend backend, const BatchedGemm<Scalar>& g) {
+#if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUTLASS)
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value && std::is_same<Scalar, float>::value) {
+    if (backend == Backend::cutlass) return cutlass_3xtf32::f16x3_workspace_bytes(g);
+  }
+#endif
+  (void)backend, (void)g;
+  return 0;
 }
 
 // The GEMM, and where the backend can do it in the same pass, the bias (one value per column of C) added and

@@ -36,6 +36,7 @@
 
 #include "dpmlp/activation.hpp"
 #include "dpmlp/backend/cuda/entry.hpp"
+#include "dpmlp/backend/cuda/f16x3_layout.hpp"
 
 namespace dpmlp {
 namespace linalg {
@@ -109,6 +110,17 @@ DPMLP_CUDA_ENTRY bool f16x3_here();
 // Decided from the request, n and the device only, never from m or the batch count.
 inline bool runs_on_f16x3(const BatchedGemm<float>& g) {
   return g.f16x3 && g.n >= 64 && !runs_on_wgmma(g) && f16x3_here();
+}
+
+// Whether the 3xFP16 kernels split g's op(B) once, into g.workspace, rather than in every CTA (the same bits):
+// where every row shares it (op(A) N: rows x weights, one B for the whole batch) and the workspace holds it.
+inline bool f16x3_splits_b(const BatchedGemm<float>& g) {
+  return g.op_a == Op::N && (g.batch == 1 || g.stride_b == 0);
+}
+inline std::size_t f16x3_workspace_bytes(const BatchedGemm<float>& g) {
+  return f16x3_splits_b(g) && runs_on_f16x3(g)
+             ? static_cast<std::size_t>(backend::f16x3_layout::split_b_bytes(g.n, g.k))
+             : 0;
 }
 
 // C = alpha op(A) op(B) (+ beta C), or with a fused epilogue (Epilogue). Only for GEMMs takes() accepts.

@@ -211,9 +211,19 @@ inline void f16x3_gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, c
   const backend::CudaDevice& d = backend::cuda_device();
   const bool large = g.m >= 128 && g.n >= 128 && large_tiles >= d.sms && (g.op_a == Op::T || g.m >= 16384) &&
                      d.smem_optin >= f::smem_bytes(true);
+  // op(B) split once, into the workspace, where every row shares it and the workspace holds it.
+  const std::size_t split_bytes = f16x3_workspace_bytes(g);
+  const unsigned char* b_split = nullptr;
+  if (split_bytes > 0 && g.workspace != nullptr && g.workspace_bytes >= split_bytes && aligned16(g.workspace)) {
+    const cudaError_t s = f::split_b(space.cuda_stream(), g.b, g.ldb, g.n, g.k, g.op_b == Op::T,
+                                     static_cast<unsigned char*>(g.workspace));
+    if (s != cudaSuccess) throw CommError(std::string("dpmlp: 3xFP16 GEMM, splitting B: ") + cudaGetErrorString(s));
+    b_split = static_cast<const unsigned char*>(g.workspace);
+  }
   in_launch_chunks(g, [&](const BatchedGemm<float>& part, std::int64_t) {
     f::Params p;
     kernel_params(p, g, part, e);
+    p.b_split = b_split;
     const cudaError_t s =
         f::gemm(space.cuda_stream(), p, static_cast<int>(part.batch), g.op_a == Op::N, g.op_b == Op::T, out, large);
     if (s != cudaSuccess) {

@@ -31,6 +31,16 @@ DPMLP_F16X3_HD constexpr int plane_at(int f, int k) {
                    : k * F + (((f >> 3) ^ (k & 7)) << 3) + (f & 7);
 }
 
+// op(B) split beforehand, shared by every CTA (gemm_f16x3::split_b, for GEMMs whose B every row shares): k-tile
+// after k-tile, each the hi plane of split_b_columns(n) columns (free-major, plane_at<true>), their lo plane,
+// then their scales (fp32), so that a CTA copies its columns' slice of each part as it is.
+DPMLP_F16X3_HD constexpr int split_b_columns(int n) { return (n + 127) / 128 * 128; }
+DPMLP_F16X3_HD constexpr long long split_b_tile_bytes(int n) {
+  return static_cast<long long>(split_b_columns(n)) * (4 * k_tile + 4);
+}
+// The bytes of op(B) split (n columns, k rows).
+DPMLP_F16X3_HD constexpr long long split_b_bytes(int n, int k) { return (k + k_tile - 1) / k_tile * split_b_tile_bytes(n); }
+
 // A warp's share of a k-tile's loads, a region of 16 (free) x 32 (k) values: lane `lane`'s i-th float4 (i < 4)
 // holds the four values along the contiguous dimension from (f, k), offsets within the region: f = 4i + lane/8,
 // k = 4 (lane % 8) where k is contiguous (KContig), else f = 4 (lane % 4), k = 8i + lane/4.

@@ -57,19 +57,32 @@ struct Tile {
   static constexpr int NT = BN / WN / 8;   // a warp's n8 tiles (even: ldmatrix reads two at once)
   static constexpr int RA = BM / 16, RB = BN / 16, regions = RA + RB;  // a warp's loads: 16 free x 32 k
   static_assert(RA == warps && RB == warps, "a warp copies and splits one region of A and one of B");
-  // A stage: A's hi and lo planes, B's, then the scales of A's free indices and B's.
+  // An operand's split k-tile: its hi plane, its lo plane, then one scale a free index.
   static constexpr int plane_a = BM * BK, plane_b = BN * BK;  // halves
-  static constexpr int stage_bytes = (2 * plane_a + 2 * plane_b) * 2 + (BM + BN) * 4;
-  // The fp32 k-tiles in flight: `ring` of them, each a warp's regions of 512 values, 2 KB apiece.
-  static constexpr int ring = 3, ring_bytes = regions * 2048;
-  static constexpr int smem_bytes = 2 * stage_bytes + ring * ring_bytes;
+  static constexpr int split_a = BM * (4 * BK + 4), split_b = BN * (4 * BK + 4);  // bytes
+  static constexpr int ring = 3;  // fp32 k-tiles in flight, each a warp's regions of 512 values, 2 KB apiece
   static_assert(NT % 2 == 0 && MT >= 1, "a warp takes m16 tiles and pairs of n8 tiles");
   static_assert(BM >= 64 && BN >= 64, "k-major planes need at least eight 16-byte chunks a row");
-  static_assert(stage_bytes % 16 == 0, "stages start 16-byte aligned");
+  static_assert(split_a % 16 == 0 && split_b % 16 == 0, "split k-tiles start 16-byte aligned");
+};
+
+// A CTA's shared memory: two stages, each a k-tile's split A and (unless B comes split beforehand, PreB) split
+// B; the ring of fp32 k-tiles being copied (A's regions, then B's unless PreB); with PreB, a ring of B's split
+// k-tiles, copied as they are, four deep (issued three k-tiles ahead, so the slot a copy overwrites was last
+// read a k-tile before).
+template <class T, bool PreB>
+struct Smem {
+  static constexpr int stage = T::split_a + (PreB ? 0 : T::split_b);
+  static constexpr int ring_slot = (PreB ? T::RA : T::regions) * 2048;
+  static constexpr int b_ring = PreB ? 4 : 0;
+  static constexpr int bytes = 2 * stage + T::ring * ring_slot + b_ring * T::split_b;
 };
 
 using backend::f16x3_layout::plane_at;
 using backend::f16x3_layout::Coord;
+
+using backend::f16x3_layout::split_b_columns;
+using backend::f16x3_layout::split_b_tile_bytes;
 
 // One operand's view for the loads: element (f, k) of op(X) at p[f * ld + k] (k contiguous) or p[k * ld + f].
 struct Operand {
@@ -129,21 +142,41 @@ struct RegionCopy {
   }
 };
 
+// The copies of op(B)'s split k-tiles (PreB) into a slot of T::split_b bytes: the tile's columns' slice of
+// each part (hi plane, lo plane, scales), 16-byte chunks spread over the CTA's threads, k-tile after k-tile.
+// Another thread's chunks are read only after a __syncthreads that follows every thread's wait.
+template <class T>
+struct SplitBCopy {
+  static constexpr int chunks = T::split_b / 16, per = (chunks + T::threads - 1) / T::threads;
+  static constexpr int plane = T::BN * 2 * BK;  // bytes of a plane's slice
+  const unsigned char* at;                      // the k-tile's split op(B)
+  std::int64_t tile;                            // bytes a k-tile
+  int off[per];                                 // each chunk's offset in one
+  int tid;
+
+  __device__ SplitBCopy(const Params& p, int n0, int tid_) : at(p.b_split), tile(split_b_tile_bytes(p.n)), tid(tid_) {
+    const int cols = split_b_columns(p.n);
+#pragma unroll
+    for (int i = 0; i < per; ++i) {
+      const int byte = 16 * (tid + i * T::threads);  // in the slot
+      off[i] = byte < 2 * plane ? byte / plane * cols * 2 * BK + n0 * 2 * BK + byte % plane
+                                : 2 * cols * 2 * BK + n0 * 4 + (byte - 2 * plane);
+    }
+  }
+  __device__ void copy(unsigned dst) {
+#pragma unroll
+    for (int i = 0; i < per; ++i) {
+      const int c = tid + i * T::threads;
+      if (c < chunks) cp_async16(dst + 16 * c, reinterpret_cast<const float*>(at + off[i]), 16);
+    }
+    at += tile;
+  }
+};
+
 // The lane's four float4 of a region's 2 KB in a ring slot.
 __device__ __forceinline__ void read_region(float4 (&v)[4], const unsigned char* src, int lane) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) v[i] = reinterpret_cast<const float4*>(src)[32 * i + lane];
-}
-
-// Two values' hi and lo parts as split2 makes them, each value with its own scale.
-__device__ __forceinline__ void split2_each(float a, float b, float inv_a, float inv_b, std::uint32_t& hi,
-                                            std::uint32_t& lo) {
-  const float sa = a * inv_a, sb = b * inv_b;
-  const __half2 hh = __floats2half2_rn(sa, sb);
-  const float2 hf = __half22float2(hh);
-  const __half2 ll = __floats2half2_rn(sa - hf.x, sb - hf.y);
-  hi = *reinterpret_cast<const std::uint32_t*>(&hh);
-  lo = *reinterpret_cast<const std::uint32_t*>(&ll);
 }
 
 __device__ __forceinline__ float max4(const float4& v) {
@@ -196,8 +229,8 @@ __device__ __forceinline__ void store_region(const float4 (&v)[4], __half* hi, _
       h::split2(v[i].x, v[i].y, inv[i], H.x, L.x);
       h::split2(v[i].z, v[i].w, inv[i], H.y, L.y);
     } else {
-      split2_each(v[i].x, v[i].y, inv[0], inv[1], H.x, L.x);
-      split2_each(v[i].z, v[i].w, inv[2], inv[3], H.y, L.y);
+      h::split2_each(v[i].x, v[i].y, inv[0], inv[1], H.x, L.x);
+      h::split2_each(v[i].z, v[i].w, inv[2], inv[3], H.y, L.y);
     }
     const int at = plane_at<KContig, F>(fr + e.f, e.k);
     *reinterpret_cast<uint2*>(hi + at) = H;
@@ -215,12 +248,14 @@ __device__ __forceinline__ void frag16(std::uint32_t (&r)[4], const __half* plan
   backend::f16x3::ldsm4<!FreeMajor>(r, backend::shared_address(plane + plane_at<FreeMajor, F>(row.f, row.k)));
 }
 
-template <class T, bool AK, bool BK_, Out O>
+template <class T, bool AK, bool BK_, Out O, bool PreB>
 __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // cp.async, mma.sync.m16n8k16.f16
   namespace h = backend::f16x3;
+  using S = Smem<T, PreB>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   constexpr int MT = T::MT, NT = T::NT;
+  constexpr bool BFree = BK_ || PreB;  // B's planes free-major (split beforehand: always)
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int warp_m = warp / T::WN, warp_n = warp % T::WN;
@@ -234,36 +269,61 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
   Operand A{p.a + bz * p.stride_a + (AK ? static_cast<std::int64_t>(m0) * p.lda : m0), p.lda, p.m - m0};
   Operand B{p.b + bz * p.stride_b + (BK_ ? static_cast<std::int64_t>(n0) * p.ldb : n0), p.ldb, p.n - n0};
 
-  auto stage_ptr = [&](int s) { return smem_raw + s * T::stage_bytes; };
+  // Stage s holds k-tiles s, s + 2, ... of split A (and of split B unless PreB); B's split k-tile kt is in
+  // stage kt % 2 after A's, or (PreB) in slot kt % 4 of its own ring.
+  unsigned char* const ring = smem_raw + 2 * S::stage;
+  unsigned char* const b_ring = ring + T::ring * S::ring_slot;
+  auto stage_ptr = [&](int s) { return smem_raw + s * S::stage; };
   auto a_hi = [&](int s) { return reinterpret_cast<__half*>(stage_ptr(s)); };
-  auto a_lo = [&](int s) { return reinterpret_cast<__half*>(stage_ptr(s)) + T::plane_a; };
-  auto b_hi = [&](int s) { return reinterpret_cast<__half*>(stage_ptr(s)) + 2 * T::plane_a; };
-  auto b_lo = [&](int s) { return reinterpret_cast<__half*>(stage_ptr(s)) + 2 * T::plane_a + T::plane_b; };
-  auto scales = [&](int s) { return reinterpret_cast<float*>(stage_ptr(s) + (2 * T::plane_a + 2 * T::plane_b) * 2); };
+  auto a_lo = [&](int s) { return a_hi(s) + T::plane_a; };
+  auto a_scales = [&](int s) { return reinterpret_cast<float*>(stage_ptr(s) + 4 * T::plane_a); };
+  auto b_tile = [&](int kt) -> unsigned char* {
+    if constexpr (PreB) {
+      static_assert(S::b_ring == 4, "slot kt % 4");
+      return b_ring + (kt & 3) * T::split_b;
+    } else {
+      return stage_ptr(kt & 1) + T::split_a;
+    }
+  };
+  auto b_hi = [&](int kt) { return reinterpret_cast<__half*>(b_tile(kt)); };
+  auto b_lo = [&](int kt) { return b_hi(kt) + T::plane_b; };
+  auto b_scales = [&](int kt) { return reinterpret_cast<float*>(b_tile(kt) + 4 * T::plane_b); };
 
   const int kts = (p.k + BK - 1) / BK;
-  unsigned char* ring = smem_raw + 2 * T::stage_bytes;
-  // Issue k-tile kt's copies (this warp's regions) into ring slot kt % ring; a group committed even when kt is
-  // past the end, so the count of groups in flight stays fixed.
-  // This warp's regions: region `warp` of A (rows 16 warp ..+15 of the tile) and of B (columns).
+  // Issue k-tile kt's copies into ring slot kt % ring (this warp's regions: region `warp` of A, rows
+  // 16 warp ..+15 of the tile, and of B, columns) or, PreB, B's split k-tile into its slot; a group committed
+  // even when kt is past the end, so the count of groups in flight stays fixed.
   RegionCopy<AK> a_copy(A, 16 * warp, lane);
-  RegionCopy<BK_> b_copy(B, 16 * warp, lane);
+  auto b_copy = [&] {
+    if constexpr (PreB) {
+      return SplitBCopy<T>(p, n0, static_cast<int>(threadIdx.x));
+    } else {
+      return RegionCopy<BK_>(B, 16 * warp, lane);
+    }
+  }();
   auto issue = [&](int kt) {
     if (kt < kts) {
-      const unsigned slot = backend::shared_address(ring + (kt % T::ring) * T::ring_bytes);
+      const unsigned slot = backend::shared_address(ring + (kt % T::ring) * S::ring_slot);
       a_copy.copy(slot + warp * 2048, kt * BK, p.k, lane);
-      b_copy.copy(slot + (T::RA + warp) * 2048, kt * BK, p.k, lane);
+      if constexpr (PreB) {
+        b_copy.copy(backend::shared_address(b_tile(kt)));
+      } else {
+        b_copy.copy(slot + (T::RA + warp) * 2048, kt * BK, p.k, lane);
+      }
     }
     copy_commit();
   };
-  // Split k-tile kt (landed) into stage s.
-  auto split = [&](int kt, int s) {
-    const unsigned char* slot = ring + (kt % T::ring) * T::ring_bytes;
+  // Split k-tile kt (landed) into stage kt % 2.
+  auto split = [&](int kt) {
+    const int s = kt & 1;
+    const unsigned char* slot = ring + (kt % T::ring) * S::ring_slot;
     float4 v[4];
     read_region(v, slot + warp * 2048, lane);
-    store_region<AK, T::BM>(v, a_hi(s), a_lo(s), scales(s), 16 * warp, lane);
-    read_region(v, slot + (T::RA + warp) * 2048, lane);
-    store_region<BK_, T::BN>(v, b_hi(s), b_lo(s), scales(s) + T::BM, 16 * warp, lane);
+    store_region<AK, T::BM>(v, a_hi(s), a_lo(s), a_scales(s), 16 * warp, lane);
+    if constexpr (!PreB) {
+      read_region(v, slot + (T::RA + warp) * 2048, lane);
+      store_region<BK_, T::BN>(v, b_hi(kt), b_lo(kt), b_scales(kt), 16 * warp, lane);
+    }
   };
 
   float acc[MT][NT][4];
@@ -280,7 +340,7 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
 #pragma unroll
   for (int kt = 0; kt < T::ring; ++kt) issue(kt);
   copy_wait<T::ring - 1>();
-  split(0, 0);
+  split(0);
   __syncthreads();
   for (int kt = 0; kt < kts; ++kt) {
     const int s = kt & 1;
@@ -292,9 +352,9 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
 #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
         std::uint32_t r[4];
-        frag16<BK_, T::BN, true>(r, b_hi(s), wn0 + 16 * np, k16, lane);
+        frag16<BFree, T::BN, true>(r, b_hi(kt), wn0 + 16 * np, k16, lane);
         bhi[2 * np][0] = r[0], bhi[2 * np][1] = r[1], bhi[2 * np + 1][0] = r[2], bhi[2 * np + 1][1] = r[3];
-        frag16<BK_, T::BN, true>(r, b_lo(s), wn0 + 16 * np, k16, lane);
+        frag16<BFree, T::BN, true>(r, b_lo(kt), wn0 + 16 * np, k16, lane);
         blo[2 * np][0] = r[0], blo[2 * np][1] = r[1], blo[2 * np + 1][0] = r[2], blo[2 * np + 1][1] = r[3];
       }
 #pragma unroll
@@ -313,16 +373,17 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
     // chain's sums, times their rows' and columns' scales (powers of two), into the fp32 sums.
     if (kt + 1 < kts) {
       copy_wait<T::ring - 1>();  // k-tile kt + 1 (groups kt + 2 .. kt + ring may still be in flight)
-      split(kt + 1, s ^ 1);
+      split(kt + 1);
     }
-    const float* sc = scales(s);
+    const float* sca = a_scales(s);
+    const float* scb = b_scales(kt);
     const int g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      const float sa0 = sc[wm0 + 16 * mt + g], sa1 = sc[wm0 + 16 * mt + g + 8];
+      const float sa0 = sca[wm0 + 16 * mt + g], sa1 = sca[wm0 + 16 * mt + g + 8];
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const float2 sb = *reinterpret_cast<const float2*>(sc + T::BM + wn0 + 8 * nt + 2 * t);
+        const float2 sb = *reinterpret_cast<const float2*>(scb + wn0 + 8 * nt + 2 * t);
         acc[mt][nt][0] = fmaf(chain[mt][nt][0], sa0 * sb.x, acc[mt][nt][0]);
         acc[mt][nt][1] = fmaf(chain[mt][nt][1], sa0 * sb.y, acc[mt][nt][1]);
         acc[mt][nt][2] = fmaf(chain[mt][nt][2], sa1 * sb.x, acc[mt][nt][2]);
@@ -377,18 +438,69 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
 #endif
 }
 
-// One launch of at most 65535 batch entries (the grid's y).
-template <class T, bool AK, bool BK_, Out O>
-cudaError_t launch(cudaStream_t stream, const Params& p, int batch) {
-  auto* fn = gemm_kernel<T, AK, BK_, O>;
-  static const cudaError_t set =
-      cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, T::smem_bytes);
+// One launch of at most 65535 batch entries (the grid's y); op(B) split beforehand where p.b_split is set.
+template <class T, bool AK, bool BK_, Out O, bool PreB>
+cudaError_t launch_as(cudaStream_t stream, const Params& p, int batch) {
+  using S = Smem<T, PreB>;
+  auto* fn = gemm_kernel<T, AK, BK_, O, PreB>;
+  static const cudaError_t set = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, S::bytes);
   if (set != cudaSuccess) return set;
   const long long tiles = static_cast<long long>((p.m + T::BM - 1) / T::BM) * ((p.n + T::BN - 1) / T::BN);
   if (tiles > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
-  gemm_kernel<T, AK, BK_, O><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(batch)), T::threads,
-                               T::smem_bytes, stream>>>(p);
+  gemm_kernel<T, AK, BK_, O, PreB><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(batch)), T::threads,
+                                     S::bytes, stream>>>(p);
   return cudaGetLastError();
+}
+template <class T, bool AK, bool BK_, Out O>
+cudaError_t launch(cudaStream_t stream, const Params& p, int batch) {
+  if constexpr (AK) {  // rows x weights: B may come split (T N's per-block B never does)
+    if (p.b_split != nullptr) return launch_as<T, AK, BK_, O, true>(stream, p, batch);
+  }
+  return launch_as<T, AK, BK_, O, false>(stream, p, batch);
+}
+
+// Column f of op(B)'s k-tile kt, split as the GEMM kernels split it (the same scale and parts), into the
+// format of split_b_bytes(); zeros past n and k.
+template <bool KContig>
+__global__ void __launch_bounds__(128) split_b_kernel(const float* b, std::int64_t ldb, int n, int k,
+                                                      unsigned char* out) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  namespace h = backend::f16x3;
+  const int f = static_cast<int>(blockIdx.x * 128 + threadIdx.x), kt = static_cast<int>(blockIdx.y);
+  const int cols = split_b_columns(n);
+  float v[BK];
+#pragma unroll
+  for (int i = 0; i < BK; ++i) {
+    const int kk = kt * BK + i;
+    v[i] = f < n && kk < k ? (KContig ? b[static_cast<std::int64_t>(f) * ldb + kk] : b[static_cast<std::int64_t>(kk) * ldb + f])
+                           : 0.0f;
+  }
+  // The largest magnitude, from where the kernels' split starts (|the first| where k is contiguous, else 0:
+  // the same scale for a k-tile of NaNs too).
+  float mx = KContig ? fabsf(v[0]) : 0.0f;
+#pragma unroll
+  for (int i = KContig ? 1 : 0; i < BK; ++i) mx = h::abs_max(mx, v[i]);
+  float inv, s;
+  h::scale_for(__float_as_uint(mx), inv, s);
+  unsigned char* tile = out + kt * split_b_tile_bytes(n);
+  __half* hi = reinterpret_cast<__half*>(tile);
+  __half* lo = hi + cols * BK;
+#pragma unroll
+  for (int c = 0; c < BK / 8; ++c) {
+    uint4 H, L;
+    h::split2(v[8 * c], v[8 * c + 1], inv, H.x, L.x);
+    h::split2(v[8 * c + 2], v[8 * c + 3], inv, H.y, L.y);
+    h::split2(v[8 * c + 4], v[8 * c + 5], inv, H.z, L.z);
+    h::split2(v[8 * c + 6], v[8 * c + 7], inv, H.w, L.w);
+    const int at = plane_at<true, 128>(f, 8 * c);
+    *reinterpret_cast<uint4*>(hi + at) = H;
+    *reinterpret_cast<uint4*>(lo + at) = L;
+  }
+  reinterpret_cast<float*>(tile + 4 * BK * cols)[f] = s;
+#else
+  (void)b, (void)ldb, (void)n, (void)k, (void)out;
+  __trap();
+#endif
 }
 
 using Large = Tile<128, 128, 2, 4>;  // 8 warps of 64 x 32
@@ -396,12 +508,31 @@ using Small = Tile<64, 64, 2, 2>;    // 4 warps of 32 x 32
 
 }  // namespace detail
 
-// The dynamic shared memory a CTA of the large (128 x 128) or small (64 x 64) tiles takes: 162 KB or 81 KB.
-inline constexpr int smem_bytes(bool large) { return large ? detail::Large::smem_bytes : detail::Small::smem_bytes; }
+// The dynamic shared memory a CTA of the large (128 x 128) or small (64 x 64) tiles takes at most: 162 KB or
+// 81 KB (less with op(B) split beforehand).
+inline constexpr int smem_bytes(bool large) {
+  return large ? detail::Smem<detail::Large, false>::bytes : detail::Smem<detail::Small, false>::bytes;
+}
+
+// Writes op(B) (n columns, k rows; op T where b_t) split for gemm() with Params::b_split, the values and scales
+// the kernels' own split of B gives (the same bits): f16x3_layout::split_b_bytes(n, k) bytes at out, 16-byte
+// aligned.
+inline cudaError_t split_b(cudaStream_t stream, const float* b, std::int64_t ldb, int n, int k, bool b_t,
+                           unsigned char* out) {
+  const dim3 grid(static_cast<unsigned>(detail::split_b_columns(n) / 128),
+                  static_cast<unsigned>((k + detail::BK - 1) / detail::BK));
+  if (b_t) {
+    detail::split_b_kernel<true><<<grid, 128, 0, stream>>>(b, ldb, n, k, out);
+  } else {
+    detail::split_b_kernel<false><<<grid, 128, 0, stream>>>(b, ldb, n, k, out);
+  }
+  return cudaGetLastError();
+}
 
 // C = op(A) op(B) for `batch` entries (at most 65535), op(A) N (a_n) or T, op(B) N or T (b_t): N N and N T
-// (rows x weights, any Out that matches: bias_activation for N N, activation_grad for N T) and T N (per-block
-// weight gradients, linear). `large`: 128 x 128 tiles, else 64 x 64 (the same bits).
+// (rows x weights, any Out that matches: bias_activation for N N, activation_grad for N T; op(B) split
+// beforehand where p.b_split is set, the same bits) and T N (per-block weight gradients, linear; p.b_split
+// null). `large`: 128 x 128 tiles, else 64 x 64 (the same bits).
 inline cudaError_t gemm(cudaStream_t stream, const Params& p, int batch, bool a_n, bool b_t, Out out, bool large) {
   using namespace detail;
   if (a_n && !b_t) {

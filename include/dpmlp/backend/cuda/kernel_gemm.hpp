@@ -29,6 +29,9 @@ struct Params {
   std::int64_t src_ld = 0;
   Activation act = Activation::identity;
   bool pairs = false;  // C's rows take 8-byte stores (ldc and the batch stride even, c 8-byte aligned)
+  // 3xFP16 kernels: op(B) already split (gemm_f16x3::split_b), shared by every batch entry; null: split in
+  // the kernel.
+  const unsigned char* b_split = nullptr;
 };
 
 }  // namespace kernel_gemm

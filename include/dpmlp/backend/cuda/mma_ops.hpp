@@ -121,14 +121,19 @@ __device__ inline void scale_for(unsigned maxbits, float& inv, float& s) {
   }
 }
 
-// Two values' hi and lo parts, each a packed half2 (a in the low half, the lower address).
-__device__ inline void split2(float a, float b, float inv, std::uint32_t& hi, std::uint32_t& lo) {
-  const float sa = a * inv, sb = b * inv;
+// Two values' hi and lo parts, each a packed half2 (a in the low half, the lower address), a scaled by inv_a
+// and b by inv_b.
+__device__ inline void split2_each(float a, float b, float inv_a, float inv_b, std::uint32_t& hi, std::uint32_t& lo) {
+  const float sa = a * inv_a, sb = b * inv_b;
   const __half2 h = __floats2half2_rn(sa, sb);
   const float2 hf = __half22float2(h);
   const __half2 l = __floats2half2_rn(sa - hf.x, sb - hf.y);
   hi = *reinterpret_cast<const std::uint32_t*>(&h);
   lo = *reinterpret_cast<const std::uint32_t*>(&l);
+}
+// The same, both values with one scale.
+__device__ inline void split2(float a, float b, float inv, std::uint32_t& hi, std::uint32_t& lo) {
+  split2_each(a, b, inv, inv, hi, lo);
 }
 __device__ inline void split1(float v, float inv, __half& hi, __half& lo) {
   const float sv = v * inv;
