@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // gemm_bench: times dpmlp::linalg::gemm's portable backend (the tiled team kernel on device spaces) against the
 // space's vendor backend (cuBLAS on Kokkos::Cuda with cuBLAS, Eigen on host spaces) and, on CUDA, the pinned
-// backends (cublaslt, cutlass), on the GEMMs the layered engine runs for a model of the given widths.
+// backends (cublaslt, cutlass, and cutlass on its 3xFP16 kernels where they run, with and without a workspace), on
+// the GEMMs the layered engine runs for a model of the given widths.
 //
 //   gemm_bench [OPTION]...      (gemm_bench --help lists the options)
 //
@@ -282,18 +283,47 @@ int run(const Options& o) {
       // timed on the same GEMM and compared with the portable result.
       std::printf("\"pinned\": {");
       bool first = true;
+      // The cutlass backend runs again on the 3xFP16 kernels (BatchedGemm::f16x3, EngineOptions::gemm_3xfp16)
+      // where those take the GEMM: op(B) split in every CTA, and split once into a workspace where they use one
+      // (as the layered engine runs them; the same bits).
+      struct Run {
+        Backend backend;
+        bool f16x3;
+        std::size_t workspace;
+        const char* suffix;
+      };
+      std::vector<Run> runs;
       for (Backend p : pinned) {
+        runs.push_back({p, false, 0, ""});
+#if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUTLASS)
+        BatchedGemm<Scalar> h = g;
+        h.f16x3 = true;
+        if (p == Backend::cutlass && dpmlp::linalg::cutlass_3xtf32::runs_on_f16x3(h)) {
+          runs.push_back({p, true, 0, "_3xfp16"});
+          const std::size_t ws = dpmlp::linalg::gemm_workspace_bytes(space, p, h);
+          if (ws > 0) runs.push_back({p, true, ws, "_3xfp16_split_b"});
+        }
+#endif
+      }
+      for (const Run& run : runs) {
+        Kokkos::View<unsigned char*, Memory> ws("workspace", run.workspace);
         g.c = c_vendor.data();
-        const double ms = median_ms(space, o.warmup, o.repeats, [&] { dpmlp::linalg::gemm(space, p, g); });
+        g.f16x3 = run.f16x3;
+        g.workspace = ws.data();
+        g.workspace_bytes = run.workspace;
+        const double ms = median_ms(space, o.warmup, o.repeats, [&] { dpmlp::linalg::gemm(space, run.backend, g); });
+        g.f16x3 = false;
+        g.workspace = nullptr;
+        g.workspace_bytes = 0;
         const double r = max_rel_diff(space, c_portable, c_vendor, n_c);
         const bool p_ok = r <= o.tolerance;
         pass = pass && p_ok;
         bool wgmma = false;  // the cutlass backend's Hopper kernels ran it
 #if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUTLASS)
-        wgmma = p == Backend::cutlass && dpmlp::linalg::cutlass_3xtf32::runs_on_wgmma(g);
+        wgmma = run.backend == Backend::cutlass && !run.f16x3 && dpmlp::linalg::cutlass_3xtf32::runs_on_wgmma(g);
 #endif
-        std::printf("%s\"%s\": {\"ms\": %.4f, \"tflops\": %.3f, \"max_rel_diff\": %.3e, \"wgmma\": %s, \"check\": \"%s\"}",
-                    first ? "" : ", ", dpmlp::linalg::backend_name(p), ms, flops / ms * 1e-9, r,
+        std::printf("%s\"%s%s\": {\"ms\": %.4f, \"tflops\": %.3f, \"max_rel_diff\": %.3e, \"wgmma\": %s, \"check\": \"%s\"}",
+                    first ? "" : ", ", dpmlp::linalg::backend_name(run.backend), run.suffix, ms, flops / ms * 1e-9, r,
                     wgmma ? "true" : "false", p_ok ? "pass" : "fail");
         first = false;
       }
