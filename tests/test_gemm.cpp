@@ -471,4 +471,32 @@ TEST_CASE("3xFP16 layout: every value stored once, and ldmatrix gives each MMA i
     check_f16x3_tile<false, 64>();
     check_f16x3_tile<false, 128>();
   }
+  SECTION("free-major: a lane's ldmatrix row 16 j further on lies 512 j halves further (the kernels' offsets)") {
+    namespace L = dpmlp::backend::f16x3_layout;
+    int bad = 0;
+    for (int lane = 0; lane < 32; ++lane) {
+      for (int f0 : {0, 16, 32, 48, 64}) {
+        for (int k0 : {0, 16}) {
+          for (bool pairs : {false, true}) {
+            const L::Coord r0 = pairs ? L::ldsm_row<true, true>(f0, k0, lane) : L::ldsm_row<true, false>(f0, k0, lane);
+            for (int j = 1; f0 + 16 * j < 128; ++j) {
+              const L::Coord r = pairs ? L::ldsm_row<true, true>(f0 + 16 * j, k0, lane)
+                                       : L::ldsm_row<true, false>(f0 + 16 * j, k0, lane);
+              if (L::plane_at<true, 128>(r.f, r.k) != L::plane_at<true, 128>(r0.f, r0.k) + 512 * j) ++bad;
+            }
+          }
+        }
+      }
+    }
+    CHECK(bad == 0);
+  }
+  SECTION("op(B) split beforehand: a k-tile is two planes and the scales of whole 128-column groups") {
+    namespace L = dpmlp::backend::f16x3_layout;
+    CHECK(L::split_b_columns(1) == 128);
+    CHECK(L::split_b_columns(128) == 128);
+    CHECK(L::split_b_columns(129) == 256);
+    CHECK(L::split_b_tile_bytes(200) == 256 * (2 * 32 * 2 + 4));
+    CHECK(L::split_b_bytes(200, 33) == 2 * L::split_b_tile_bytes(200));
+    CHECK(L::split_b_bytes(200, 32) == L::split_b_tile_bytes(200));
+  }
 }

@@ -301,9 +301,10 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
       return RegionCopy<BK_>(B, 16 * warp, lane);
     }
   }();
-  auto issue = [&](int kt) {
+  // (r: kt % T::ring, kept by the loop rather than divided for.)
+  auto issue = [&](int kt, int r) {
     if (kt < kts) {
-      const unsigned slot = backend::shared_address(ring + (kt % T::ring) * S::ring_slot);
+      const unsigned slot = backend::shared_address(ring + r * S::ring_slot);
       a_copy.copy(slot + warp * 2048, kt * BK, p.k, lane);
       if constexpr (PreB) {
         b_copy.copy(backend::shared_address(b_tile(kt)));
@@ -314,9 +315,9 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
     copy_commit();
   };
   // Split k-tile kt (landed) into stage kt % 2.
-  auto split = [&](int kt) {
+  auto split = [&](int kt, int r) {
     const int s = kt & 1;
-    const unsigned char* slot = ring + (kt % T::ring) * S::ring_slot;
+    const unsigned char* slot = ring + r * S::ring_slot;
     float4 v[4];
     read_region(v, slot + warp * 2048, lane);
     store_region<AK, T::BM>(v, a_hi(s), a_lo(s), a_scales(s), 16 * warp, lane);
@@ -337,31 +338,56 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
   }
 
   const int wm0 = warp_m * MT * 16, wn0 = warp_n * NT * 8;
+  // A free-major plane's ldmatrix row for (f0 + 16 j, k16) lies 1 KB j past the one for (f0, k16) (the swizzle
+  // sees f only through (f / 2) % 4, which 16 j keeps; f16x3_layout::plane_at): the lane's byte offsets in a
+  // plane at j = 0, once a kernel, for A's and B's free-major planes.
+  unsigned a_off[2] = {0, 0}, b_off[2] = {0, 0};
 #pragma unroll
-  for (int kt = 0; kt < T::ring; ++kt) issue(kt);
+  for (int h = 0; h < 2; ++h) {
+    const Coord ra = backend::f16x3_layout::ldsm_row<true, false>(wm0, 16 * h, lane);
+    const Coord rb = backend::f16x3_layout::ldsm_row<true, true>(wn0, 16 * h, lane);
+    a_off[h] = 2 * plane_at<true, T::BM>(ra.f, ra.k);
+    b_off[h] = 2 * plane_at<true, T::BN>(rb.f, rb.k);
+  }
+#pragma unroll
+  for (int kt = 0; kt < T::ring; ++kt) issue(kt, kt);
   copy_wait<T::ring - 1>();
-  split(0);
+  split(0, 0);
   __syncthreads();
+  int r = 0;  // kt % T::ring
   for (int kt = 0; kt < kts; ++kt) {
     const int s = kt & 1;
-    issue(kt + T::ring);  // into the slot k-tile kt's split emptied
+    const int r1 = r + 1 == T::ring ? 0 : r + 1;  // (kt + 1) % T::ring
+    issue(kt + T::ring, r);  // into the slot k-tile kt's split emptied
     float chain[MT][NT][4];
 #pragma unroll
     for (int k16 = 0; k16 < BK; k16 += 16) {
       std::uint32_t bhi[NT][2], blo[NT][2];
 #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
-        std::uint32_t r[4];
-        frag16<BFree, T::BN, true>(r, b_hi(kt), wn0 + 16 * np, k16, lane);
-        bhi[2 * np][0] = r[0], bhi[2 * np][1] = r[1], bhi[2 * np + 1][0] = r[2], bhi[2 * np + 1][1] = r[3];
-        frag16<BFree, T::BN, true>(r, b_lo(kt), wn0 + 16 * np, k16, lane);
-        blo[2 * np][0] = r[0], blo[2 * np][1] = r[1], blo[2 * np + 1][0] = r[2], blo[2 * np + 1][1] = r[3];
+        std::uint32_t q[4], w[4];
+        if constexpr (BFree) {
+          const unsigned at = b_off[k16 / 16] + 1024 * np;
+          h::ldsm4<false>(q, backend::shared_address(b_hi(kt)) + at);
+          h::ldsm4<false>(w, backend::shared_address(b_lo(kt)) + at);
+        } else {
+          frag16<BFree, T::BN, true>(q, b_hi(kt), wn0 + 16 * np, k16, lane);
+          frag16<BFree, T::BN, true>(w, b_lo(kt), wn0 + 16 * np, k16, lane);
+        }
+        bhi[2 * np][0] = q[0], bhi[2 * np][1] = q[1], bhi[2 * np + 1][0] = q[2], bhi[2 * np + 1][1] = q[3];
+        blo[2 * np][0] = w[0], blo[2 * np][1] = w[1], blo[2 * np + 1][0] = w[2], blo[2 * np + 1][1] = w[3];
       }
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         std::uint32_t ahi[4], alo[4];
-        frag16<AK, T::BM, false>(ahi, a_hi(s), wm0 + 16 * mt, k16, lane);
-        frag16<AK, T::BM, false>(alo, a_lo(s), wm0 + 16 * mt, k16, lane);
+        if constexpr (AK) {
+          const unsigned at = a_off[k16 / 16] + 1024 * mt;
+          h::ldsm4<false>(ahi, backend::shared_address(a_hi(s)) + at);
+          h::ldsm4<false>(alo, backend::shared_address(a_lo(s)) + at);
+        } else {
+          frag16<AK, T::BM, false>(ahi, a_hi(s), wm0 + 16 * mt, k16, lane);
+          frag16<AK, T::BM, false>(alo, a_lo(s), wm0 + 16 * mt, k16, lane);
+        }
         if (k16 == 0) {
           h::mma3<NT, true>(chain[mt], ahi, alo, bhi, blo);
         } else {
@@ -373,7 +399,7 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
     // chain's sums, times their rows' and columns' scales (powers of two), into the fp32 sums.
     if (kt + 1 < kts) {
       copy_wait<T::ring - 1>();  // k-tile kt + 1 (groups kt + 2 .. kt + ring may still be in flight)
-      split(kt + 1);
+      split(kt + 1, r1);
     }
     const float* sca = a_scales(s);
     const float* scb = b_scales(kt);
@@ -391,6 +417,7 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
       }
     }
     __syncthreads();
+    r = r1;
   }
 
   // The epilogue: a lane holds rows g and g + 8 of each m16 tile, columns 2t and 2t + 1 of each n8 tile.
