@@ -75,7 +75,8 @@ struct EmulatedIndex {
 };
 inline thread_local EmulatedIndex threadIdx, blockIdx;
 
-enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize, cudaFuncAttributePreferredSharedMemoryCarveout };
+constexpr int cudaSharedmemCarveoutMaxShared = 100;
 template <class Kernel>
 cudaError_t cudaFuncSetAttribute(Kernel, cudaFuncAttribute, int bytes) {
   return bytes <= 227 * 1024 ? cudaSuccess : cudaErrorInvalidValue;  // an H100/H200 CTA's most

@@ -359,6 +359,14 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
     const int s = kt & 1;
     const int r1 = r + 1 == T::ring ? 0 : r + 1;  // (kt + 1) % T::ring
     issue(kt + T::ring, r);  // into the slot k-tile kt's split emptied
+    // K-tile kt + 1's values (landed: groups kt + 2 .. kt + ring may still be in flight) into registers now, and
+    // split into the other stage between this k-tile's two k16 steps, so that the split's arithmetic issues
+    // while the MMAs run. Past the last k-tile it splits what the slot holds into a stage nothing reads.
+    copy_wait<T::ring - 1>();
+    float4 va[4], vb[4];
+    const unsigned char* next = ring + r1 * S::ring_slot;
+    read_region(va, next + warp * 2048, lane);
+    if constexpr (!PreB) read_region(vb, next + (T::RA + warp) * 2048, lane);
     float chain[MT][NT][4];
 #pragma unroll
     for (int k16 = 0; k16 < BK; k16 += 16) {
@@ -394,13 +402,12 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
           h::mma3<NT, false>(chain[mt], ahi, alo, bhi, blo);
         }
       }
+      if (k16 == 0) {
+        store_region<AK, T::BM>(va, a_hi(s ^ 1), a_lo(s ^ 1), a_scales(s ^ 1), 16 * warp, lane);
+        if constexpr (!PreB) store_region<BK_, T::BN>(vb, b_hi(kt + 1), b_lo(kt + 1), b_scales(kt + 1), 16 * warp, lane);
+      }
     }
-    // The next k-tile split and stored while this one's MMAs drain (its values arrived during them); then the
-    // chain's sums, times their rows' and columns' scales (powers of two), into the fp32 sums.
-    if (kt + 1 < kts) {
-      copy_wait<T::ring - 1>();  // k-tile kt + 1 (groups kt + 2 .. kt + ring may still be in flight)
-      split(kt + 1, r1);
-    }
+    // The chain's sums, times their rows' and columns' scales (powers of two), into the fp32 sums.
     const float* sca = a_scales(s);
     const float* scb = b_scales(kt);
     const int g = lane >> 2, t = lane & 3;
@@ -470,7 +477,15 @@ template <class T, bool AK, bool BK_, Out O, bool PreB>
 cudaError_t launch_as(cudaStream_t stream, const Params& p, int batch) {
   using S = Smem<T, PreB>;
   auto* fn = gemm_kernel<T, AK, BK_, O, PreB>;
-  static const cudaError_t set = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, S::bytes);
+  // The opt-in to the dynamic shared memory, and the carveout that lets CTAs share an SM (three of the small
+  // tile's with op(B) split beforehand).
+  static const cudaError_t set = [fn] {
+    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, S::bytes);
+    if (e == cudaSuccess) {
+      e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    }
+    return e;
+  }();
   if (set != cudaSuccess) return set;
   const long long tiles = static_cast<long long>((p.m + T::BM - 1) / T::BM) * ((p.n + T::BN - 1) / T::BN);
   if (tiles > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
