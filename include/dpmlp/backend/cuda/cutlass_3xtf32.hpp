@@ -113,9 +113,10 @@ inline bool runs_on_f16x3(const BatchedGemm<float>& g) {
 }
 
 // Whether the 3xFP16 kernels split g's op(B) once, into g.workspace, rather than in every CTA (the same bits):
-// where every row shares it (op(A) N: rows x weights, one B for the whole batch) and the workspace holds it.
+// where every row shares it (op(A) N: rows x weights, one B for the whole batch), its k-tiles fit one launch's
+// grid (65535) and the workspace holds it.
 inline bool f16x3_splits_b(const BatchedGemm<float>& g) {
-  return g.op_a == Op::N && (g.batch == 1 || g.stride_b == 0);
+  return g.op_a == Op::N && (g.batch == 1 || g.stride_b == 0) && (g.k + 31) / 32 <= 65535;
 }
 inline std::size_t f16x3_workspace_bytes(const BatchedGemm<float>& g) {
   return f16x3_splits_b(g) && runs_on_f16x3(g)
