@@ -248,6 +248,21 @@ __device__ __forceinline__ void frag16(std::uint32_t (&r)[4], const __half* plan
   backend::f16x3::ldsm4<!FreeMajor>(r, backend::shared_address(plane + plane_at<FreeMajor, F>(row.f, row.k)));
 }
 
+// frag16's blocks at (f0 + 16 j, k0) of the hi and the lo plane. In free-major planes the lane's row lies 1 KB j
+// past its row at j = 0 (the swizzle sees f only through (f / 2) % 4, which 16 j keeps), so `off`, that row's
+// byte offset (computed once a kernel), plus an immediate addresses it; k-major planes take frag16's arithmetic.
+template <bool FreeMajor, int F, bool BPairs>
+__device__ __forceinline__ void frag16_planes(std::uint32_t (&hi)[4], std::uint32_t (&lo)[4], const __half* plane_hi,
+                                              const __half* plane_lo, unsigned off, int f0, int j, int k0, int lane) {
+  if constexpr (FreeMajor) {
+    backend::f16x3::ldsm4<false>(hi, backend::shared_address(plane_hi) + off + 1024 * j);
+    backend::f16x3::ldsm4<false>(lo, backend::shared_address(plane_lo) + off + 1024 * j);
+  } else {
+    frag16<false, F, BPairs>(hi, plane_hi, f0 + 16 * j, k0, lane);
+    frag16<false, F, BPairs>(lo, plane_lo, f0 + 16 * j, k0, lane);
+  }
+}
+
 template <class T, bool AK, bool BK_, Out O, bool PreB>
 __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // cp.async, mma.sync.m16n8k16.f16
@@ -314,17 +329,17 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
     }
     copy_commit();
   };
-  // Split k-tile kt (landed) into stage kt % 2.
-  auto split = [&](int kt, int r) {
-    const int s = kt & 1;
+  // The split of a k-tile (landed) in two steps: this warp's fp32 regions from ring slot r into registers
+  // (va: A's; vb: B's, unless PreB), then split into k-tile kt's stage (kt % 2).
+  auto load = [&](float4 (&va)[4], float4 (&vb)[4], int r) {
     const unsigned char* slot = ring + r * S::ring_slot;
-    float4 v[4];
-    read_region(v, slot + warp * 2048, lane);
-    store_region<AK, T::BM>(v, a_hi(s), a_lo(s), a_scales(s), 16 * warp, lane);
-    if constexpr (!PreB) {
-      read_region(v, slot + (T::RA + warp) * 2048, lane);
-      store_region<BK_, T::BN>(v, b_hi(kt), b_lo(kt), b_scales(kt), 16 * warp, lane);
-    }
+    read_region(va, slot + warp * 2048, lane);
+    if constexpr (!PreB) read_region(vb, slot + (T::RA + warp) * 2048, lane);
+  };
+  auto store = [&](const float4 (&va)[4], const float4 (&vb)[4], int kt) {
+    const int s = kt & 1;
+    store_region<AK, T::BM>(va, a_hi(s), a_lo(s), a_scales(s), 16 * warp, lane);
+    if constexpr (!PreB) store_region<BK_, T::BN>(vb, b_hi(kt), b_lo(kt), b_scales(kt), 16 * warp, lane);
   };
 
   float acc[MT][NT][4];
@@ -338,9 +353,7 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
   }
 
   const int wm0 = warp_m * MT * 16, wn0 = warp_n * NT * 8;
-  // A free-major plane's ldmatrix row for (f0 + 16 j, k16) lies 1 KB j past the one for (f0, k16) (the swizzle
-  // sees f only through (f / 2) % 4, which 16 j keeps; f16x3_layout::plane_at): the lane's byte offsets in a
-  // plane at j = 0, once a kernel, for A's and B's free-major planes.
+  // The lane's ldmatrix rows' byte offsets in free-major planes at j = 0 (frag16_planes), for both k16 steps.
   unsigned a_off[2] = {0, 0}, b_off[2] = {0, 0};
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -352,7 +365,9 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
 #pragma unroll
   for (int kt = 0; kt < T::ring; ++kt) issue(kt, kt);
   copy_wait<T::ring - 1>();
-  split(0, 0);
+  float4 va[4], vb[4];
+  load(va, vb, 0);
+  store(va, vb, 0);
   __syncthreads();
   int r = 0;  // kt % T::ring
   for (int kt = 0; kt < kts; ++kt) {
@@ -363,10 +378,7 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
     // split into the other stage between this k-tile's two k16 steps, so that the split's arithmetic issues
     // while the MMAs run. Past the last k-tile it splits what the slot holds into a stage nothing reads.
     copy_wait<T::ring - 1>();
-    float4 va[4], vb[4];
-    const unsigned char* next = ring + r1 * S::ring_slot;
-    read_region(va, next + warp * 2048, lane);
-    if constexpr (!PreB) read_region(vb, next + (T::RA + warp) * 2048, lane);
+    load(va, vb, r1);
     float chain[MT][NT][4];
 #pragma unroll
     for (int k16 = 0; k16 < BK; k16 += 16) {
@@ -374,38 +386,21 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
 #pragma unroll
       for (int np = 0; np < NT / 2; ++np) {
         std::uint32_t q[4], w[4];
-        if constexpr (BFree) {
-          const unsigned at = b_off[k16 / 16] + 1024 * np;
-          h::ldsm4<false>(q, backend::shared_address(b_hi(kt)) + at);
-          h::ldsm4<false>(w, backend::shared_address(b_lo(kt)) + at);
-        } else {
-          frag16<BFree, T::BN, true>(q, b_hi(kt), wn0 + 16 * np, k16, lane);
-          frag16<BFree, T::BN, true>(w, b_lo(kt), wn0 + 16 * np, k16, lane);
-        }
+        frag16_planes<BFree, T::BN, true>(q, w, b_hi(kt), b_lo(kt), b_off[k16 / 16], wn0, np, k16, lane);
         bhi[2 * np][0] = q[0], bhi[2 * np][1] = q[1], bhi[2 * np + 1][0] = q[2], bhi[2 * np + 1][1] = q[3];
         blo[2 * np][0] = w[0], blo[2 * np][1] = w[1], blo[2 * np + 1][0] = w[2], blo[2 * np + 1][1] = w[3];
       }
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         std::uint32_t ahi[4], alo[4];
-        if constexpr (AK) {
-          const unsigned at = a_off[k16 / 16] + 1024 * mt;
-          h::ldsm4<false>(ahi, backend::shared_address(a_hi(s)) + at);
-          h::ldsm4<false>(alo, backend::shared_address(a_lo(s)) + at);
-        } else {
-          frag16<AK, T::BM, false>(ahi, a_hi(s), wm0 + 16 * mt, k16, lane);
-          frag16<AK, T::BM, false>(alo, a_lo(s), wm0 + 16 * mt, k16, lane);
-        }
+        frag16_planes<AK, T::BM, false>(ahi, alo, a_hi(s), a_lo(s), a_off[k16 / 16], wm0, mt, k16, lane);
         if (k16 == 0) {
           h::mma3<NT, true>(chain[mt], ahi, alo, bhi, blo);
         } else {
           h::mma3<NT, false>(chain[mt], ahi, alo, bhi, blo);
         }
       }
-      if (k16 == 0) {
-        store_region<AK, T::BM>(va, a_hi(s ^ 1), a_lo(s ^ 1), a_scales(s ^ 1), 16 * warp, lane);
-        if constexpr (!PreB) store_region<BK_, T::BN>(vb, b_hi(kt + 1), b_lo(kt + 1), b_scales(kt + 1), 16 * warp, lane);
-      }
+      if (k16 == 0) store(va, vb, kt + 1);
     }
     // The chain's sums, times their rows' and columns' scales (powers of two), into the fp32 sums.
     const float* sca = a_scales(s);
