@@ -110,9 +110,17 @@ TEST_CASE("the plan resolves the engine from the model and the space", "[plan]")
     CHECK(on_f16x3.sums_key() != plan(shape({32, 256, 256, 1}), 20000, cutlass, 1, f16).sums_key());
     CHECK(on_f16x3.sums_key() != on_wgmma.sums_key());
     CHECK(on_f16x3.describe().find("cutlass, 3xFP16") != std::string::npos);
-    // Refused, with the reason, where they cannot run.
+    // On a Hopper GPU that runs the wgmma kernels they take precedence, their rows x weights GEMMs in their
+    // wgmma form: a key of its own (a Hopper rank and an Ampere rank need not sum alike).
     hopper.cutlass_on_f16x3 = true;
-    CHECK_THROWS_WITH(plan(shape({32, 256, 256, 1}), 20000, f16_on, 1, hopper), Catch::Contains("wgmma"));
+    const dpmlp::EnginePlan f16_wgmma = plan(shape({32, 256, 256, 1}), 20000, f16_on, 1, hopper);
+    CHECK(f16_wgmma.gemm_f16x3);
+    CHECK(f16_wgmma.gemm_wgmma);
+    CHECK(f16_wgmma.describe().find("cutlass, 3xFP16 on wgmma") != std::string::npos);
+    CHECK(f16_wgmma.sums_key() != on_f16x3.sums_key());
+    CHECK(f16_wgmma.sums_key() != on_wgmma.sums_key());
+    CHECK(!plan(shape({32, 256, 256, 1}), 20000, cutlass, 1, hopper).gemm_f16x3);  // automatic: off
+    // Refused, with the reason, where they cannot run.
     CHECK_THROWS_WITH(plan(shape({32, 256, 256, 1}), 20000, f16_on), Catch::Contains("compute capability 8.0"));
     dpmlp::EngineOptions f16_portable = portable;
     f16_portable.gemm_3xfp16 = dpmlp::Toggle::on;

@@ -13,12 +13,29 @@
 //   - fp16: round-to-nearest-even conversions with subnormals and overflow to infinity;
 //   - cp.async: a copy joins the thread's open group, commit closes it, and wait_group N completes the oldest
 //     groups until N remain: shared memory changes only then, so a read of a ring slot before its wait sees the
-//     NaN it was filled with, and one overwritten too early shows as wrong results.
+//     NaN it was filled with, and one overwritten too early shows as wrong results. A completed copy is a
+//     generic-proxy store of the thread's (for the async-proxy rule below), as the split's stores are
+//     (generate.py records those);
+//   - wgmma.mma_async.m64nNk16.f32.f16.f16 (the wgmma form; N 64 or 128) with both operands in shared memory:
+//     the descriptor decoded (K-major, 64-byte swizzle: element (row, k) of a k16 step at start + (row / 8) SBO
+//     + (row % 8) 64 + 2 k bytes, address bits 4-5 XOR bits 7-8; or, both transposed (m64n64k16 only), MN-major
+//     with the 128-byte swizzle: (row, k) at start + 2 row + 128 (k % 8) + (k / 8) SBO, bits 4-6 XOR bits 7-9,
+//     for rows below 64; any other layout type, base offset, leading
+//     byte offset or reserved bit fails, as does a read outside the CTA's shared memory), each element's sum
+//     as mma16816's (the accumulator, or zero where scale-d is 0, then the 16 exact products in k order,
+//     rounded once to fp32: the wgmma form's bits are then comparable with the mma.sync form's), the thread's
+//     accumulator registers mapped as CuTe's CLayout_64xN maps them (thread index mod 128: a CTA may hold two
+//     warpgroups), independently of the kernel's own register map; asynchrony and the async proxy as
+//     emulation.hpp models them for the TF32 wgmma: an MMA runs at the wait_group that retires it or, in the
+//     other mode (run_at_wait false), when issued; one before the thread's first wgmma.fence fails, and so does
+//     one after a barrier that some thread reached with shared-memory stores it had not fenced
+//     (fence.proxy.async); a thread that ends a CTA with MMAs not retired fails.
 #pragma once
 
 #include "emulation.hpp"
 
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -170,6 +187,7 @@ inline void copy_commit() {
 template <int Pending>
 inline void copy_wait() {
   while (static_cast<int>(copies.committed.size()) > Pending) {
+    if (!copies.committed.front().empty()) note_generic_store();
     for (const Copy& c : copies.committed.front()) {
       if (c.bytes == 16) {
         std::memcpy(window + c.dst, c.src, 16);
@@ -189,12 +207,118 @@ inline void end_copies() {
   copies = Copies();
 }
 
+// The FP16 wgmma, as the header says; a thread's state apart from the TF32 model's (emulation::warpgroup).
+namespace wgmma16 {
+
+struct Mma {
+  float* d;
+  int regs;
+  std::uint64_t da, db;
+  int scale_d;
+  bool transposed;  // both operands MN-major (the T N form's wgmma_f16_t)
+};
+struct Warpgroup {
+  std::vector<Mma> open;
+  std::deque<std::vector<Mma>> committed;
+  bool fenced = false;  // a wgmma.fence since the thread began its CTA
+};
+inline thread_local Warpgroup warpgroup;
+inline std::atomic<long long> count{0};  // MMAs issued, for a test to see that the form ran
+
+// Element (row, k) of the 16-wide k step a descriptor names: K-major (64-byte swizzle) or, transposed,
+// MN-major with the 128-byte swizzle, ((8, 8, m), (8, k)) : ((1, 8, LBO), (64, SBO)) in halves (CuTe's canonical
+// layout: eight 16-byte chunks of eight free indices a 128-byte row of one k, eight k an atom), the address's
+// bits 4-6 XOR bits 7-9; the model takes 64 free indices (one atom wide, so LBO unused).
+inline float operand(std::uint64_t desc, int row, int k, bool transposed = false) {
+  // The fields: start address (bits 0-13), leading byte offset (16-29), stride byte offset (32-45), both in 16
+  // bytes; base offset (49-51); layout type (62-63). The rest is reserved (zero).
+  constexpr std::uint64_t fields = 0x3FFFull | (0x3FFFull << 16) | (0x3FFFull << 32) | (7ull << 49) | (3ull << 62);
+  const unsigned start = unsigned(desc & 0x3FFF) << 4, sbo = unsigned((desc >> 32) & 0x3FFF) << 4;
+  const unsigned lbo = unsigned((desc >> 16) & 0x3FFF), base_offset = unsigned(desc >> 49) & 7;
+  const unsigned layout = unsigned(desc >> 62);
+  // Layout type 2: the 64-byte swizzle (type 1, the 128-byte one, transposed). The leading byte offset is unused
+  // with a swizzle (at 64 free indices, transposed) and assumed 1 (CuTe's GmmaDescriptor); a base offset other
+  // than 0 would shift the swizzle's pattern, which is not modelled.
+  if (layout != (transposed ? 1u : 2u) || base_offset != 0 || lbo != 1 || (desc & ~fields) != 0) {
+    fail(transposed ? "a transposed FP16 wgmma descriptor of another than the MN-major 128-byte swizzle form"
+                    : "an FP16 wgmma descriptor of another than the 64-byte swizzle form");
+  }
+  unsigned b;
+  if (transposed) {
+    if (row >= 64) fail("a transposed FP16 wgmma over more than 64 free indices");
+    b = start + 2 * (row % 8) + 16 * (row / 8) + 128 * (k % 8) + (k / 8) * sbo;
+    b ^= ((b >> 7) & 7) << 4;
+  } else {
+    b = start + (row / 8) * sbo + (row % 8) * 64 + k * 2;
+    b ^= ((b >> 7) & 3) << 4;
+  }
+  if (b < smem_base || b + 2 > smem_base + smem_bytes) fail("an FP16 wgmma descriptor reads outside shared memory");
+  std::uint16_t h;
+  std::memcpy(&h, window + b, 2);
+  return f16::decode(h);
+}
+
+// The calling thread's part of one MMA: accumulator register v of thread t (of its warpgroup) is element (m, n)
+// of the 64 x N tile, m + 64 n = CuTe's CLayout_64xN: thread (4,8,4):(128,1,16), value (2,2,N/8):(64,8,512).
+inline void execute(const Mma& op) {
+  const int t = static_cast<int>(threadIdx.x % 128);
+  for (int v = 0; v < op.regs; ++v) {
+    const int idx = 128 * (t % 4) + (t / 4) % 8 + 16 * (t / 32) + 64 * (v % 2) + 8 * ((v / 2) % 2) + 512 * (v / 4);
+    const int m = idx % 64, n = idx / 64;
+    double sum = op.scale_d ? op.d[v] : 0.0;
+    for (int k = 0; k < 16; ++k) {
+      sum += double(operand(op.da, m, k, op.transposed)) * double(operand(op.db, n, k, op.transposed));
+    }
+    op.d[v] = static_cast<float>(sum);
+  }
+}
+
+inline void fence() { warpgroup.fenced = true; }
+inline void commit() {
+  warpgroup.committed.push_back(std::move(warpgroup.open));
+  warpgroup.open.clear();
+}
+template <int Pending>
+inline void wait() {
+  while (static_cast<int>(warpgroup.committed.size()) > Pending) {
+    for (const Mma& op : warpgroup.committed.front()) execute(op);
+    warpgroup.committed.pop_front();
+  }
+}
+template <int R>
+inline void mma(float (&d)[R], std::uint64_t da, std::uint64_t db, int scale_d, bool transposed = false) {
+  static_assert(R == 32 || R == 64, "m64n64k16 or m64n128k16");
+  if (!warpgroup.fenced) fail("an FP16 wgmma before any wgmma.fence");
+  if (cta_barrier->unfenced()) {
+    fail("an FP16 wgmma after a barrier some thread reached with unfenced shared-memory stores");
+  }
+  ++count;
+  const Mma op{d, R, da, db, scale_d, transposed};
+  if (run_at_wait) {
+    warpgroup.open.push_back(op);
+  } else {
+    execute(op);
+  }
+}
+inline void end() {
+  if (!warpgroup.open.empty() || !warpgroup.committed.empty()) fail("a thread ended with FP16 wgmma MMAs pending");
+  warpgroup = Warpgroup();
+}
+
+}  // namespace wgmma16
+
 // kernel<<<grid, threads, bytes, stream>>>(p) with warps.
 template <class Kernel, class P>
 void launch_warps(Kernel kernel, dim3 grid, unsigned threads, std::size_t bytes, cudaStream_t stream, const P& p) {
   make_warps(threads);
-  cta_begin = [] { copies = Copies(); };
-  cta_end = end_copies;
+  cta_begin = [] {
+    copies = Copies();
+    wgmma16::warpgroup = wgmma16::Warpgroup();
+  };
+  cta_end = [] {
+    end_copies();
+    wgmma16::end();
+  };
   launch_threads(kernel, grid, threads, bytes, stream, p);
   cta_begin = cta_end = nullptr;
 }

@@ -2,8 +2,10 @@
 """Writes emulated_f16x3.hpp for test_f16x3_emulated: the block-scaled 3xFP16 GEMM kernels' own source text,
 taken from the library's headers (gemm_f16x3_kernels.hpp, and the f16x3 helpers of mma_ops.hpp), with only
 what a host cannot compile put in the terms of f16x3_model.hpp: the inline-PTX primitives (cp.async, ldmatrix,
-mma.sync), the dynamic shared memory and the triple-chevron launch. A piece of text this script cannot find
-is an error, so the test cannot drift from the kernels unnoticed.
+mma.sync; the wgmma form's fences, commit, wait and MMAs), the dynamic shared memory and the triple-chevron
+launches. The wgmma form's primitives are compared with the text the model stands for (whitespace and
+comments aside): its MMAs' shapes, operand order and immediates are the model's assumptions. A piece of text
+this script cannot find is an error, so the test cannot drift from the kernels unnoticed.
 
 usage: generate.py <include dir> <output file>
 """
@@ -14,6 +16,65 @@ import sys
 # The generators' shared extraction helpers live beside the wgmma generator.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "wgmma_emulation"))
 from extract import between, replace  # noqa: E402
+
+
+def wgmma_f16(n, transposed=False):
+    """The header's wgmma_f16 for m64n<n>k16 (n / 2 accumulator registers a thread), as the model reads it:
+    scale-d from the predicate scale_d != 0, scale-a and scale-b 1, neither operand transposed (K-major); or
+    wgmma_f16_t, both transposed (MN-major)."""
+    r = n // 2
+    regs = ", ".join(f"%{i}" for i in range(r))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(r))
+    name, tr = ("wgmma_f16_t", 1) if transposed else ("wgmma_f16", 0)
+    return (f"__device__ __forceinline__ void {name}(float (&d)[{r}], std::uint64_t da, std::uint64_t db, "
+            f"int scale_d) {{\n"
+            f'  asm volatile("{{\\n.reg .pred p;\\n" "setp.ne.b32 p, %{r + 2}, 0;\\n" '
+            f'"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {{" "{regs}" '
+            f'"}}, %{r}, %{r + 1}, p, 1, 1, {tr}, {tr};\\n}}\\n" : {outs} : "l"(da), "l"(db), "r"(scale_d));\n}}\n')
+
+
+# The wgmma form's primitives as f16x3_model.hpp models them.
+WGMMA_PRIMITIVES = (
+    '__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\\n" ::: '
+    '"memory"); }\n'
+    '__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory"); }\n'
+    '__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: '
+    '"memory"); }\n'
+    "template <int Pending>\n"
+    "__device__ __forceinline__ void wgmma_wait() {\n"
+    '  asm volatile("wgmma.wait_group.sync.aligned %0;\\n" ::"n"(Pending) : "memory");\n}\n'
+    "template <int R>\n"
+    "__device__ __forceinline__ void fence_registers(float (&d)[R]) {\n"
+    "#pragma unroll\n"
+    '  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");\n}\n'
+    + wgmma_f16(64) + wgmma_f16(128) + wgmma_f16(64, True))
+
+# Their stand-ins.
+WGMMA_MODEL = """inline void fence_proxy_async() { emulation::fence_proxy_async(); }
+inline void wgmma_fence() { emulation::wgmma16::fence(); }
+inline void wgmma_commit() { emulation::wgmma16::commit(); }
+template <int Pending>
+inline void wgmma_wait() {
+  emulation::wgmma16::wait<Pending>();
+}
+template <int R>
+inline void fence_registers(float (&)[R]) {}
+inline void wgmma_f16(float (&d)[32], std::uint64_t da, std::uint64_t db, int scale_d) {
+  emulation::wgmma16::mma(d, da, db, scale_d);
+}
+inline void wgmma_f16(float (&d)[64], std::uint64_t da, std::uint64_t db, int scale_d) {
+  emulation::wgmma16::mma(d, da, db, scale_d);
+}
+inline void wgmma_f16_t(float (&d)[32], std::uint64_t da, std::uint64_t db, int scale_d) {
+  emulation::wgmma16::mma(d, da, db, scale_d, true);
+}
+"""
+
+
+def normalized(code):
+    """Code without comments, whitespace, or the seams of adjacent string literals."""
+    code = re.sub(r"//[^\n]*", "", code)
+    return re.sub(r"\s+", "", code).replace('""', "")
 
 
 def main():
@@ -36,12 +97,42 @@ def main():
                    "emulation::copy_wait<Pending>();", "copy_wait")
     body = replace(body, "extern __shared__ __align__(16) unsigned char smem_raw[];",
                    "unsigned char* const smem_raw = reinterpret_cast<unsigned char*>(emulation::smem);", "smem")
+    # The split's stores are the kernels' only generic-proxy writes to shared memory besides the copies (which
+    # the model records itself): recorded, for the model's fence.proxy.async rule (the wgmma form's).
+    body, n_store = re.subn(r"(__device__ __forceinline__ void store_region\(.*?\) \{)",
+                            r"\1\n  emulation::note_generic_store();", body, flags=re.DOTALL)
+    if n_store != 1:
+        sys.exit("generate.py: store_region's definition not found: update generate.py")
+
+    # The wgmma form: the macro that compiles it (defined for sm_90a) defined; its primitives checked against the
+    # text the model stands for, then replaced by calls into the model; gemm_wgmma() (compiled only where
+    # DPMLP_WGMMA_KERNELS_HERE is defined: src/cuda_wgmma.cu) defined here, this test being its one translation
+    # unit.
+    body = replace(body, "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n#define DPMLP_F16X3_WGMMA 1\n#endif\n",
+                   "#define DPMLP_F16X3_WGMMA 1  // the host model's wgmma\n", "DPMLP_F16X3_WGMMA")
+    region = between(body, "#if defined(DPMLP_F16X3_WGMMA)\n", "#endif  // DPMLP_F16X3_WGMMA\n",
+                     "the wgmma primitives", True)
+    inner = region[len("#if defined(DPMLP_F16X3_WGMMA)\n"):-len("#endif  // DPMLP_F16X3_WGMMA\n")]
+    if normalized(inner) != normalized(WGMMA_PRIMITIVES):
+        sys.exit("generate.py: the wgmma primitives (#if defined(DPMLP_F16X3_WGMMA)) are not those f16x3_model.hpp "
+                 "models: update the model, then WGMMA_PRIMITIVES and WGMMA_MODEL in generate.py")
+    body = body.replace(region, WGMMA_MODEL)
+    if "wgmma_kernel(const Params p) {\n#if defined(DPMLP_F16X3_WGMMA)\n" not in body:
+        sys.exit("generate.py: wgmma_kernel's guard (#if defined(DPMLP_F16X3_WGMMA)) not found: update generate.py")
+    body = replace(body, "#if defined(DPMLP_WGMMA_KERNELS_HERE)\ncudaError_t gemm_wgmma(",
+                   "#if 1  // DPMLP_WGMMA_KERNELS_HERE\ncudaError_t gemm_wgmma(", "gemm_wgmma()")
+    body = replace(body, "extern __shared__ __align__(16) unsigned char smem_dyn[];",
+                   "unsigned char* const smem_dyn = reinterpret_cast<unsigned char*>(emulation::smem);", "smem_dyn")
+
     body, n = re.subn(r"(gemm_kernel<T, AK, BK_, O, PreB>)<<<(dim3\(.*?\)), T::threads,\s*S::bytes, stream>>>\(p\);",
                       r"emulation::launch_warps(\1, \2, T::threads, S::bytes, stream, p);", body,
                       flags=re.DOTALL)
+    body, n_wgmma = re.subn(r"(wgmma_kernel<T, AK, BK_, O, PreB>)<<<(dim3\(.*?\)), T::threads,\s*S::bytes, stream>>>"
+                            r"\(p\);", r"emulation::launch_warps(\1, \2, T::threads, S::bytes, stream, p);", body,
+                            flags=re.DOTALL)
     body, n_split = re.subn(r"(detail::split_b_kernel<(?:true|false)>)<<<grid, 128, 0, stream>>>\((.*?)\);",
                             r"emulation::launch_serial(\1, grid, 128, stream, \2);", body)
-    if n != 1 or n_split != 2 or "<<<" in body or "asm" in body:
+    if n != 1 or n_wgmma != 1 or n_split != 2 or "<<<" in body or "asm" in body:
         sys.exit("generate.py: a kernel launch, or inline PTX, left in the kernels' text")
 
     text = f"""// Generated by tests/f16x3_emulation/generate.py from the library's headers; do not edit.

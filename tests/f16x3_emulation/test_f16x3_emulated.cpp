@@ -7,8 +7,11 @@
 // independent of m; op(B) split beforehand (split_b, as with a workspace) giving the same bits as split in
 // every CTA; and rows and columns of very different magnitudes (the scales). The model completes each
 // cp.async only at the wait that retires it, so a ring slot read before its wait, or refilled while in use,
-// shows. A GPU run (test_mlp's "cutlass" cases with BatchedGemm::f16x3) remains the check that the model is
-// the hardware.
+// shows. The wgmma form (gemm_wgmma) must give gemm()'s bits on every GEMM it takes, with its MMAs run at the
+// wait that retires them (a stage overwritten while MMAs may read it shows) and when issued (one read before
+// its split's stores shows): the model sums an FP16 wgmma's products as it sums mma.sync's, so equal bits say
+// the two forms multiply the same parts in the same order and scale and add the same chains. A GPU run
+// (test_mlp's "cutlass" cases with BatchedGemm::f16x3) remains the check that the model is the hardware.
 #include <catch2/catch.hpp>
 
 #include "emulated_f16x3.hpp"
@@ -18,6 +21,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <vector>
@@ -39,8 +43,10 @@ std::int64_t backend_split_bytes(const Case& t) { return dpmlp::backend::f16x3_l
 // row-major A, Y and C), on the large tiles or the small ones; rows x weights (op(A) N) with one B for the
 // whole batch (batch stride 0), as the layered engine runs them, split beforehand by split_b where pre_b.
 // `row_scale`, `col_scale`: op(A)'s row i times 2^row_scale(i), op(B)'s column j times 2^col_scale(j).
+// `wgmma`: on the wgmma form (gemm_wgmma: rows x weights, op(B) N only split beforehand; T N).
 template <class RowScale, class ColScale>
-Result run(const Case& t, unsigned seed, bool large, bool pre_b, RowScale row_scale, ColScale col_scale) {
+Result run(const Case& t, unsigned seed, bool large, bool pre_b, RowScale row_scale, ColScale col_scale,
+           bool wgmma = false) {
   const bool at = t.op_a == Op::T, bt = t.op_b == Op::T;
   const std::int64_t sa = std::int64_t(t.m) * t.k, sb = std::int64_t(t.k) * t.n;
   const std::int64_t sc = std::int64_t(t.m) * t.n + (at ? 3 : 0);  // blocks' C at odd offsets
@@ -95,13 +101,17 @@ Result run(const Case& t, unsigned seed, bool large, bool pre_b, RowScale row_sc
     REQUIRE(f::split_b(nullptr, p.b, p.ldb, t.n, t.k, bt, reinterpret_cast<unsigned char*>(split.p)) == cudaSuccess);
     p.b_split = reinterpret_cast<const unsigned char*>(split.p);
   }
-  REQUIRE(f::gemm(nullptr, p, t.batch, !at, bt, out, large) == cudaSuccess);
+  if (wgmma) {
+    REQUIRE(f::gemm_wgmma(nullptr, p, t.batch, !at, bt, out, large) == cudaSuccess);
+  } else {
+    REQUIRE(f::gemm(nullptr, p, t.batch, !at, bt, out, large) == cudaSuccess);
+  }
 
   return dpmlp_test::result_of(t, {a.p, b.p, bias.p, y.p, c_old.data(), c.p, sa, sb, sc, off}, c_size);
 }
-Result run(const Case& t, unsigned seed, bool large, bool pre_b = false) {
+Result run(const Case& t, unsigned seed, bool large, bool pre_b = false, bool wgmma = false) {
   const auto one = [](int) { return 0; };
-  return run(t, seed, large, pre_b, one, one);
+  return run(t, seed, large, pre_b, one, one, wgmma);
 }
 
 const char* name(Op op) { return op == Op::T ? "T" : "N"; }
@@ -127,6 +137,35 @@ void check_both_tiles(const Case& t, unsigned seed, bool pre_b_large = false) {
   }
 }
 
+// Case t on the wgmma form: every way it takes t (rows x weights, op(B) N: split beforehand; op T: split
+// beforehand or in every CTA; T N: the small tile, whatever `tiles` says), on the tiles `tiles` lists, with its
+// MMAs run at their wait and when issued; each fp32-accurate, nothing written outside C, and the bits of gemm()
+// (the mma.sync form, small tiles, op(B) split in every CTA: the bits the tests above hold every other way to)
+// on the same data.
+void check_wgmma(const Case& t, unsigned seed, std::initializer_list<bool> tiles = {false, true}) {
+  INFO("op " << name(t.op_a) << name(t.op_b) << ", " << t.m << " x " << t.n << " x " << t.k << ", batch " << t.batch
+             << ", epilogue " << t.epilogue);
+  const Result want = run(t, seed, false);
+  for (const bool pre_b : {true, false}) {
+    if (t.op_a == Op::T ? pre_b : !pre_b && t.op_b == Op::N) continue;
+    for (const bool large : tiles) {
+      for (const bool at_wait : {true, false}) {
+        emulation::run_at_wait = at_wait;
+        const long long before = emulation::wgmma16::count;
+        const Result r = run(t, seed, large, pre_b, true);
+        emulation::run_at_wait = true;
+        INFO("wgmma form: " << (large ? "large" : "small") << " tiles" << (pre_b ? ", op(B) split beforehand" : "")
+                            << ", MMAs run " << (at_wait ? "at their wait" : "when issued")
+                            << ": max error / sum |terms| " << r.worst);
+        CHECK(emulation::wgmma16::count > before);
+        CHECK(r.worst <= 2e-6);
+        CHECK(r.stray == 0);
+        CHECK(std::memcmp(want.c.data(), r.c.data(), want.c.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("3xFP16 kernels (emulated): every layout and epilogue at fp32 accuracy, the same bits on both tiles",
@@ -143,6 +182,38 @@ TEST_CASE("3xFP16 kernels (emulated): every layout and epilogue at fp32 accuracy
       {Op::N, Op::N, 70, 64, 36, 2, 0, Activation::identity, 1.0f, 0.5f},    // a batch of whole GEMMs
   };
   for (std::size_t i = 0; i < cases.size(); ++i) check_both_tiles(cases[i], 1, i == 0 || i == 3);
+}
+
+TEST_CASE("3xFP16 wgmma form (emulated): gemm()'s bits on every rows x weights GEMM, whenever its MMAs read",
+          "[f16x3][wgmma]") {
+  const std::vector<Case> cases = {
+      {Op::N, Op::N, 200, 136, 100, 1, 1, Activation::relu, 1.0f, 0.0f},     // k: three k-tiles and a part
+      {Op::N, Op::N, 70, 64, 36, 1, 1, Activation::tanh, 1.0f, 0.0f},
+      {Op::N, Op::N, 65, 132, 4, 1, 0, Activation::identity, -1.5f, 0.25f},  // one partial k-tile
+      {Op::N, Op::T, 130, 72, 200, 1, 2, Activation::tanh, 1.0f, 0.0f},
+      {Op::N, Op::T, 63, 136, 36, 1, 2, Activation::relu, 1.0f, 0.0f},
+      {Op::N, Op::T, 64, 68, 32, 1, 0, Activation::identity, 2.0f, -1.0f},
+      {Op::N, Op::N, 70, 64, 36, 2, 0, Activation::identity, 1.0f, 0.5f},    // a batch of whole GEMMs
+      {Op::T, Op::N, 36, 132, 100, 2, 0, Activation::identity, 1.0f, 0.0f},  // blocks at odd offsets
+      {Op::T, Op::N, 132, 64, 63, 1, 0, Activation::identity, 1.0f, 0.0f},
+  };
+  for (const Case& t : cases) check_wgmma(t, 1, t.op_a == Op::T ? std::initializer_list<bool>{false}
+                                                                 : std::initializer_list<bool>{false, true});
+}
+
+TEST_CASE("3xFP16 wgmma form: the GEMMs it does not take", "[f16x3][wgmma]") {
+  // Rows x weights: its descriptors name K-major planes, which op(B) N's are only when split beforehand; T N:
+  // linear, op(B) split in the CTA (per block); no T T; of the fused epilogues, only its layout's
+  // (bias_activation N N, activation_grad N T).
+  f::Params p;
+  p.m = p.n = p.k = 64;
+  CHECK(f::gemm_wgmma(nullptr, p, 1, true, false, f::Out::linear, false) == cudaErrorNotSupported);
+  CHECK(f::gemm_wgmma(nullptr, p, 1, false, true, f::Out::linear, false) == cudaErrorNotSupported);  // T T
+  CHECK(f::gemm_wgmma(nullptr, p, 1, false, false, f::Out::bias_activation, false) == cudaErrorNotSupported);
+  float split = 0;
+  p.b_split = reinterpret_cast<const unsigned char*>(&split);
+  CHECK(f::gemm_wgmma(nullptr, p, 1, true, false, f::Out::activation_grad, false) == cudaErrorNotSupported);
+  CHECK(f::gemm_wgmma(nullptr, p, 1, true, true, f::Out::bias_activation, false) == cudaErrorNotSupported);
 }
 
 TEST_CASE("3xFP16 kernels (emulated): a row's bits do not depend on how many rows the GEMM has", "[f16x3]") {
@@ -200,4 +271,16 @@ TEST_CASE("3xFP16 kernels (emulated): small GEMMs of every layout", "[f16x3][rac
     CHECK(r.worst <= 2e-6);
     CHECK(r.stray == 0);
   }
+}
+
+// The wgmma form on small GEMMs over seven k-tiles (its three stages and op(B)'s ring of five split k-tiles
+// refilled), on one warpgroup and on two (the large tile), fast enough for scripts/test.sh to run under
+// ThreadSanitizer, where a split store to a stage, or a copy into a ring slot, that another thread's MMAs may
+// still read (with the MMAs run at their wait: up to that thread's wait_group), without the barrier between
+// them, is a data race.
+TEST_CASE("3xFP16 wgmma form (emulated): small GEMMs in both MMA timings", "[f16x3][wgmma][races]") {
+  check_wgmma({Op::N, Op::N, 64, 64, 196, 1, 1, Activation::relu, 1.0f, 0.0f}, 3, {false});
+  check_wgmma({Op::N, Op::T, 64, 64, 196, 1, 2, Activation::tanh, 1.0f, 0.0f}, 3, {false});
+  check_wgmma({Op::N, Op::T, 128, 128, 196, 1, 0, Activation::identity, 1.0f, 0.0f}, 3, {true});  // two warpgroups
+  check_wgmma({Op::T, Op::N, 64, 64, 196, 1, 0, Activation::identity, 1.0f, 0.0f}, 3, {false});
 }

@@ -92,8 +92,9 @@ struct EnginePlan {
   std::int64_t block_rows = 64;
   int leaf_group = 1;  // blocks a row of the engine's partial sums (and a leaf of the block tree) holds
   linalg::Backend gemm = linalg::Backend::portable;
-  bool gemm_wgmma = false;  // the layered engine's cutlass GEMMs run on the wgmma kernels (EngineCaps)
-  bool gemm_f16x3 = false;  // ... those of n >= 64 on the block-scaled 3xFP16 kernels (EngineOptions::gemm_3xfp16)
+  bool gemm_wgmma = false;  // the layered engine's cutlass GEMMs run on Hopper's wgmma kernels (EngineCaps)
+  bool gemm_f16x3 = false;  // ... those of n >= 64 on the block-scaled 3xFP16 kernels (EngineOptions::gemm_3xfp16),
+                            // whose rows x weights GEMMs then run in their wgmma form where gemm_wgmma
   bool gemm_split = false;  // its forward and delta GEMMs run over split operands (EngineOptions::split_operands)
   bool split_hopper = false;  // ... on Hopper's kernels (EngineCaps::split_operands), not the portable form
 
@@ -106,14 +107,14 @@ struct EnginePlan {
   // form: a Hopper rank and an Ampere rank would not sum alike).
   std::int64_t sums_key() const {
     const int split = gemm_split ? (split_hopper ? 2 : 1) : 0;
-    const int kernels = gemm_wgmma ? 1 : gemm_f16x3 ? 2 : 0;
-    const int gemm_key = engine == Engine::layered ? (static_cast<int>(gemm) * 3 + kernels) * 3 + split : 0;
+    const int kernels = gemm_f16x3 ? (gemm_wgmma ? 3 : 2) : gemm_wgmma ? 1 : 0;
+    const int gemm_key = engine == Engine::layered ? (static_cast<int>(gemm) * 4 + kernels) * 3 + split : 0;
     const int family = register_resident() ? 3 : static_cast<int>(kernel);
     // leaf_group <= 8; gemm_key < 64 (backend < 5)
     return (((block_rows * 16 + leaf_group) * 8 + family) * 8 + static_cast<int>(engine)) * 64 + gemm_key;
   }
   std::string describe() const {
-    return std::string(kernel_name(kernel)) + (engine == Engine::layered ? std::string(" (") + linalg::backend_name(gemm) + (gemm_wgmma ? " on wgmma" : gemm_f16x3 ? ", 3xFP16" : "") + (gemm_split ? (split_hopper ? ", split operands" : ", split operands (portable)") : "") + ")" : std::string()) + ", " + std::to_string(block_rows) + "-row blocks" +
+    return std::string(kernel_name(kernel)) + (engine == Engine::layered ? std::string(" (") + linalg::backend_name(gemm) + (gemm_f16x3 ? (gemm_wgmma ? ", 3xFP16 on wgmma" : ", 3xFP16") : gemm_wgmma ? " on wgmma" : "") + (gemm_split ? (split_hopper ? ", split operands" : ", split operands (portable)") : "") + ")" : std::string()) + ", " + std::to_string(block_rows) + "-row blocks" +
            (leaf_group > 1 ? ", leaves of " + std::to_string(leaf_group) + " blocks" : "");
   }
 };
@@ -355,7 +356,6 @@ inline EnginePlan plan_engine(const ModelShape& m, const EngineCaps& caps, const
                       : p.gemm != linalg::Backend::cutlass      ? "the GEMM backend is not cutlass"
                       : !caps.cutlass_on_f16x3                  ? "no CUDA GPU of compute capability 8.0 or newer "
                                                                   "with 81 KB of shared memory a block"
-                      : p.gemm_wgmma                            ? "the wgmma kernels take those GEMMs here"
                       : p.gemm_split                            ? "split operands run the forward and delta GEMMs"
                                                                 : nullptr;
     if (why != nullptr) throw InputError(std::string("dpmlp: gemm_3xfp16 on: the 3xFP16 GEMMs cannot run: ") + why);

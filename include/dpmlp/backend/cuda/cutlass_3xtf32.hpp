@@ -95,10 +95,11 @@ inline bool takes(const BatchedGemm<float>& g, const Epilogue& e = Epilogue()) {
 // Their bits differ from CUTLASS's kernels', so the plan records it (EnginePlan::gemm_wgmma).
 DPMLP_CUDA_ENTRY bool wgmma_here();
 
-// Whether g (one that takes() accepts) runs on the wgmma kernels rather than CUTLASS's: where they run at all,
-// at n >= 64 (a narrower n would leave most of a 64-column MMA idle). Decided from the shape and the device
-// only, never from m or the batch count, so every rank picks the same kernels for the same GEMM.
-inline bool runs_on_wgmma(const BatchedGemm<float>& g) { return g.n >= 64 && wgmma_here(); }
+// Whether g (one that takes() accepts) runs on the wgmma 3xTF32 kernels rather than CUTLASS's: where they run at
+// all, at n >= 64 (a narrower n would leave most of a 64-column MMA idle), unless g asks for the 3xFP16 kernels
+// (whose wgmma form then takes it, runs_on_f16x3). Decided from the request, the shape and the device only,
+// never from m or the batch count, so every rank picks the same kernels for the same GEMM.
+inline bool runs_on_wgmma(const BatchedGemm<float>& g) { return g.n >= 64 && !g.f16x3 && wgmma_here(); }
 
 // Whether dpmlp's block-scaled 3xFP16 kernels (gemm_f16x3_kernels.hpp; experimental) can run here: a device of
 // compute capability 8.0 or newer that lets a CTA have the small tile's shared memory (81 KB; the large tile,
@@ -106,11 +107,9 @@ inline bool runs_on_wgmma(const BatchedGemm<float>& g) { return g.n >= 64 && wgm
 DPMLP_CUDA_ENTRY bool f16x3_here();
 
 // Whether g (one that takes() accepts) runs on them: where it asks to (BatchedGemm::f16x3, which the layered
-// engine sets from EnginePlan::gemm_f16x3: their bits differ from CUTLASS's), at n >= 64, not on wgmma.
-// Decided from the request, n and the device only, never from m or the batch count.
-inline bool runs_on_f16x3(const BatchedGemm<float>& g) {
-  return g.f16x3 && g.n >= 64 && !runs_on_wgmma(g) && f16x3_here();
-}
+// engine sets from EnginePlan::gemm_f16x3: their bits differ from CUTLASS's), at n >= 64. Decided from the
+// request, n and the device only, never from m or the batch count.
+inline bool runs_on_f16x3(const BatchedGemm<float>& g) { return g.f16x3 && g.n >= 64 && f16x3_here(); }
 
 // Whether the 3xFP16 kernels split g's op(B) once, into g.workspace, rather than in every CTA (the same bits):
 // where every row shares it (op(A) N: rows x weights, one B for the whole batch), its k-tiles fit one launch's

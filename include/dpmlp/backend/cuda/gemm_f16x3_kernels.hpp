@@ -263,6 +263,36 @@ __device__ __forceinline__ void frag16_planes(std::uint32_t (&hi)[4], std::uint3
   }
 }
 
+// Elements (row, col) and (row, col + 1) of batch entry bz's C from their sums v0, v1, through the output
+// form O (columns past n skipped; row < m).
+template <Out O>
+__device__ __forceinline__ void write_pair(const Params& p, std::int64_t bz, int row, int col, float v0, float v1) {
+  if (col >= p.n) return;
+  float* crow = p.c + bz * p.stride_c + static_cast<std::int64_t>(row) * p.ldc;
+  const bool both = col + 1 < p.n;
+  float v[2] = {v0, v1};
+  if constexpr (O == Out::bias_activation) {
+    v[0] = dpmlp::detail::activate(p.act, v[0] + p.src[col]);
+    if (both) v[1] = dpmlp::detail::activate(p.act, v[1] + p.src[col + 1]);
+  } else if constexpr (O == Out::activation_grad) {
+    const float* y = p.src + static_cast<std::int64_t>(row) * p.src_ld + col;
+    v[0] = v[0] * dpmlp::detail::activate_grad_from_output(p.act, y[0]);
+    if (both) v[1] = v[1] * dpmlp::detail::activate_grad_from_output(p.act, y[1]);
+  } else {
+    v[0] *= p.alpha, v[1] *= p.alpha;
+    if (p.beta != 0.0f) {
+      v[0] += p.beta * crow[col];
+      if (both) v[1] += p.beta * crow[col + 1];
+    }
+  }
+  if (both && p.pairs) {
+    *reinterpret_cast<float2*>(crow + col) = make_float2(v[0], v[1]);
+  } else {
+    crow[col] = v[0];
+    if (both) crow[col + 1] = v[1];
+  }
+}
+
 template <class T, bool AK, bool BK_, Out O, bool PreB>
 __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // cp.async, mma.sync.m16n8k16.f16
@@ -423,7 +453,6 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
   }
 
   // The epilogue: a lane holds rows g and g + 8 of each m16 tile, columns 2t and 2t + 1 of each n8 tile.
-  float* C = p.c + bz * p.stride_c;
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -431,33 +460,9 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
     for (int half = 0; half < 2; ++half) {
       const int row = m0 + wm0 + 16 * mt + g + 8 * half;
       if (row >= p.m) continue;
-      float* crow = C + static_cast<std::int64_t>(row) * p.ldc;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const int col = n0 + wn0 + 8 * nt + 2 * t;
-        if (col >= p.n) continue;
-        const bool both = col + 1 < p.n;
-        float v[2] = {acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]};
-        if constexpr (O == Out::bias_activation) {
-          v[0] = dpmlp::detail::activate(p.act, v[0] + p.src[col]);
-          if (both) v[1] = dpmlp::detail::activate(p.act, v[1] + p.src[col + 1]);
-        } else if constexpr (O == Out::activation_grad) {
-          const float* y = p.src + static_cast<std::int64_t>(row) * p.src_ld + col;
-          v[0] = v[0] * dpmlp::detail::activate_grad_from_output(p.act, y[0]);
-          if (both) v[1] = v[1] * dpmlp::detail::activate_grad_from_output(p.act, y[1]);
-        } else {
-          v[0] *= p.alpha, v[1] *= p.alpha;
-          if (p.beta != 0.0f) {
-            v[0] += p.beta * crow[col];
-            if (both) v[1] += p.beta * crow[col + 1];
-          }
-        }
-        if (both && p.pairs) {
-          *reinterpret_cast<float2*>(crow + col) = make_float2(v[0], v[1]);
-        } else {
-          crow[col] = v[0];
-          if (both) crow[col + 1] = v[1];
-        }
+        write_pair<O>(p, bz, row, n0 + wn0 + 8 * nt + 2 * t, acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]);
       }
     }
   }
@@ -540,6 +545,307 @@ __global__ void __launch_bounds__(128) split_b_kernel(const float* b, std::int64
 #endif
 }
 
+// ---- The wgmma form (Hopper; compiled for sm_90a only, in src/cuda_wgmma.cu: gemm_wgmma()). The rows x
+// weights GEMMs (op(A) N; op(B)'s planes free-major: op T, or split beforehand) with the same copies, split
+// and planes as gemm_kernel, whose free-major planes are wgmma's K-major operand layout with the 64-byte
+// swizzle (rows of 64 bytes, 16-byte chunk c at c ^ ((row / 2) % 4) of each 512-byte group of eight rows);
+// the warpgroup MMAs (m64nBNk16, both operands in shared memory) run asynchronously beside the split, where
+// gemm_kernel's mma.sync issue from the same warps as the split. Warpgroup w takes rows 64 w ..+63 of the tile
+// and all its columns. A k-tile's six MMAs (each k16 step: lo*hi, hi*lo, hi*hi, gemm_kernel's order) sum in a
+// fresh accumulator, one of two that alternate: while k-tile kt's MMAs run, the thread splits k-tile kt + 1
+// and adds k-tile kt - 1's chain, times its scales, to the fp32 sums. Three stages of split A (kt - 1 and kt
+// being read, kt + 1 being written) and, with op(B) split beforehand, a ring of five split B k-tiles (issued
+// three ahead, so the slot a copy overwrites was last read two k-tiles before, by MMAs retired since).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DPMLP_F16X3_WGMMA 1
+#endif
+#if defined(DPMLP_F16X3_WGMMA)
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int Pending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
+}
+// The compiler must not move the accumulators' reads or writes across a fence or wait.
+template <int R>
+__device__ __forceinline__ void fence_registers(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// d (+)= A B, one m64n64k16 FP16 wgmma with fp32 accumulation, both operands K-major in shared memory
+// (descriptors); scale_d 0: d = A B.
+__device__ __forceinline__ void wgmma_f16(float (&d)[32], std::uint64_t da, std::uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+// d (+)= A B, one m64n128k16 FP16 wgmma with fp32 accumulation, both operands K-major in shared memory
+// (descriptors); scale_d 0: d = A B.
+__device__ __forceinline__ void wgmma_f16(float (&d)[64], std::uint64_t da, std::uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
+      "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+// d (+)= A B, one m64n64k16 FP16 wgmma with fp32 accumulation, both operands MN-major (transposed) in shared
+// memory (descriptors); scale_d 0: d = A B.
+__device__ __forceinline__ void wgmma_f16_t(float (&d)[32], std::uint64_t da, std::uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
+#endif  // DPMLP_F16X3_WGMMA
+
+// The descriptor of a K-major operand with the 64-byte swizzle whose k16 step starts at shared address addr
+// (its 512-byte group of rows 512-byte aligned): start address (bits 0-13, in 16 bytes), leading byte offset 1
+// (unused with a swizzle), stride byte offset 512 (the next eight rows; bits 32-45), layout type 2 (bits
+// 62-63: the 64-byte swizzle).
+DPMLP_F16X3_HD constexpr std::uint64_t wgmma_descriptor(unsigned addr) {
+  return static_cast<std::uint64_t>((addr & 0x3FFFFu) >> 4) | (std::uint64_t(1) << 16) |
+         (std::uint64_t(512 >> 4) << 32) | (std::uint64_t(2) << 62);
+}
+// The same for an MN-major operand of 64 free indices with the 128-byte swizzle (gemm_kernel's k-major planes
+// of a 64-wide tile: row k is 128 bytes, chunk c at c ^ (k % 8), so eight k make a 1024-byte swizzle atom, 1024
+// bytes aligned): stride byte offset 1024 (the next eight k), layout type 1 (the 128-byte swizzle); the leading
+// byte offset, the stride between 64-wide atoms along the free index, is unused at 64.
+DPMLP_F16X3_HD constexpr std::uint64_t wgmma_descriptor_mn(unsigned addr) {
+  return static_cast<std::uint64_t>((addr & 0x3FFFFu) >> 4) | (std::uint64_t(1) << 16) |
+         (std::uint64_t(1024 >> 4) << 32) | (std::uint64_t(1) << 62);
+}
+
+// The wgmma form's shared memory: three stages of split A (and of split B unless PreB), the ring of fp32
+// k-tiles being copied, and (PreB) five split B k-tiles; every plane aligned to its swizzle's pattern (the
+// swizzle is of addresses: 512 bytes for free-major planes, 1024 for k-major ones), the whole aligned to 1024
+// bytes in the kernel.
+template <class T, bool AK, bool PreB>
+struct WgmmaSmem {
+  static constexpr int align = AK ? 512 : 1024;
+  static constexpr int a_bytes = (T::split_a + align - 1) / align * align;
+  static constexpr int b_slot = (T::split_b + align - 1) / align * align;
+  static constexpr int stage = a_bytes + (PreB ? 0 : b_slot);
+  static constexpr int ring_slot = (PreB ? T::RA : T::regions) * 2048;
+  static constexpr int b_ring = PreB ? 5 : 0;
+  static constexpr int bytes = 3 * stage + T::ring * ring_slot + b_ring * b_slot + 1024;
+};
+
+template <class T, bool AK, bool BK_, Out O, bool PreB>
+__global__ void __launch_bounds__(T::threads, 1) wgmma_kernel(const Params p) {
+#if defined(DPMLP_F16X3_WGMMA)
+  static_assert(AK ? (BK_ || PreB) : (!BK_ && !PreB && T::BM == 64 && T::BN == 64),
+                "rows x weights with op(B)'s planes free-major (op T, or split beforehand), or T N on 64 x 64 tiles");
+  static_assert(T::warps == 4 * (T::BM / 64) && T::BM % 64 == 0, "a warpgroup takes 64 rows and every column");
+  using S = WgmmaSmem<T, AK, PreB>;
+  constexpr int R = T::BN / 2;  // accumulator registers a thread: 64 x BN over the warpgroup's 128
+  extern __shared__ __align__(16) unsigned char smem_dyn[];
+  unsigned char* const smem = smem_dyn + ((1024u - (backend::shared_address(smem_dyn) & 1023u)) & 1023u);
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int tiles_n = (p.n + T::BN - 1) / T::BN;
+  const int tm = static_cast<int>(blockIdx.x / tiles_n), tn = static_cast<int>(blockIdx.x % tiles_n);
+  const int m0 = tm * T::BM, n0 = tn * T::BN;
+  const std::int64_t bz = blockIdx.y;
+  Operand A{p.a + bz * p.stride_a + (AK ? static_cast<std::int64_t>(m0) * p.lda : m0), p.lda, p.m - m0};
+  Operand B{p.b + bz * p.stride_b + (BK_ ? static_cast<std::int64_t>(n0) * p.ldb : n0), p.ldb, p.n - n0};
+
+  // Stage kt % 3 holds k-tile kt's split A (and B unless PreB); PreB: B's split k-tile kt in slot kt % 5.
+  unsigned char* const ring = smem + 3 * S::stage;
+  unsigned char* const b_ring = ring + T::ring * S::ring_slot;
+  auto a_hi = [&](int s) { return reinterpret_cast<__half*>(smem + s * S::stage); };
+  auto a_lo = [&](int s) { return a_hi(s) + T::plane_a; };
+  auto a_scales = [&](int s) { return reinterpret_cast<float*>(smem + s * S::stage + 4 * T::plane_a); };
+  auto b_tile = [&](int kt) -> unsigned char* {
+    if constexpr (PreB) {
+      return b_ring + (kt % 5) * S::b_slot;
+    } else {
+      return smem + (kt % 3) * S::stage + S::a_bytes;
+    }
+  };
+  auto b_hi = [&](int kt) { return reinterpret_cast<__half*>(b_tile(kt)); };
+  auto b_lo = [&](int kt) { return b_hi(kt) + T::plane_b; };
+  auto b_scales = [&](int kt) { return reinterpret_cast<float*>(b_tile(kt) + 4 * T::plane_b); };
+
+  const int kts = (p.k + BK - 1) / BK;
+  RegionCopy<AK> a_copy(A, 16 * warp, lane);
+  auto b_copy = [&] {
+    if constexpr (PreB) {
+      return SplitBCopy<T>(p, n0, static_cast<int>(threadIdx.x));
+    } else {
+      return RegionCopy<BK_>(B, 16 * warp, lane);
+    }
+  }();
+  // gemm_kernel's issue, load and store, with this form's stages.
+  auto issue = [&](int kt, int r) {
+    if (kt < kts) {
+      const unsigned slot = backend::shared_address(ring + r * S::ring_slot);
+      a_copy.copy(slot + warp * 2048, kt * BK, p.k, lane);
+      if constexpr (PreB) {
+        b_copy.copy(backend::shared_address(b_tile(kt)));
+      } else {
+        b_copy.copy(slot + (T::RA + warp) * 2048, kt * BK, p.k, lane);
+      }
+    }
+    copy_commit();
+  };
+  auto load = [&](float4 (&va)[4], float4 (&vb)[4], int r) {
+    const unsigned char* slot = ring + r * S::ring_slot;
+    read_region(va, slot + warp * 2048, lane);
+    if constexpr (!PreB) read_region(vb, slot + (T::RA + warp) * 2048, lane);
+  };
+  auto store = [&](const float4 (&va)[4], const float4 (&vb)[4], int kt) {
+    const int s = kt % 3;
+    store_region<AK, T::BM>(va, a_hi(s), a_lo(s), a_scales(s), 16 * warp, lane);
+    if constexpr (!PreB) store_region<BK_, T::BN>(vb, b_hi(kt), b_lo(kt), b_scales(kt), 16 * warp, lane);
+  };
+  // One MMA of k16 step h over planes at shared addresses a and b: free-major planes (K-major operands) at 32
+  // bytes into each row; k-major ones (MN-major, transposed) at two 8-k atoms (2048 bytes) into the plane.
+  auto mma = [](float (&d)[R], unsigned a, unsigned b, int h, int scale_d) {
+    if constexpr (AK) {
+      wgmma_f16(d, wgmma_descriptor(a + 32 * h), wgmma_descriptor(b + 32 * h), scale_d);
+    } else {
+      wgmma_f16_t(d, wgmma_descriptor_mn(a + 2048 * h), wgmma_descriptor_mn(b + 2048 * h), scale_d);
+    }
+  };
+
+  float acc[R], c0[R], c1[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) acc[i] = 0.0f, c0[i] = 0.0f, c1[i] = 0.0f;
+#pragma unroll
+  for (int kt = 0; kt < T::ring; ++kt) issue(kt, kt);
+  copy_wait<T::ring - 1>();
+  float4 va[4], vb[4];
+  load(va, vb, 0);
+  store(va, vb, 0);
+  fence_proxy_async();  // the split's stores (and landed copies), seen by the MMAs after the barrier
+  __syncthreads();
+
+  // Accumulator register 4j + 2h + e: row 16 (warp % 4) + lane / 4 + 8h of the warpgroup's 64, column
+  // 8j + 2 (lane % 4) + e.
+  const int g = lane >> 2, t = lane & 3;
+  const int row0 = 64 * (warp >> 2) + 16 * (warp & 3) + g;
+  // The warpgroup's rows' bytes (free-major planes; a k-major plane's tile has one warpgroup).
+  const unsigned a_rows = AK ? 64u * 64u * static_cast<unsigned>(warp >> 2) : 0u;
+  // A chain's sums, times their rows' and columns' scales (k-tile kt's), into the fp32 sums.
+  auto add_chain = [&](const float (&ch)[R], int kt) {
+    const float* sca = a_scales(kt % 3);
+    const float* scb = b_scales(kt);
+    const float sa0 = sca[row0], sa1 = sca[row0 + 8];
+#pragma unroll
+    for (int j = 0; j < T::BN / 8; ++j) {
+      const float2 sb = *reinterpret_cast<const float2*>(scb + 8 * j + 2 * t);
+      acc[4 * j + 0] = fmaf(ch[4 * j + 0], sa0 * sb.x, acc[4 * j + 0]);
+      acc[4 * j + 1] = fmaf(ch[4 * j + 1], sa0 * sb.y, acc[4 * j + 1]);
+      acc[4 * j + 2] = fmaf(ch[4 * j + 2], sa1 * sb.x, acc[4 * j + 2]);
+      acc[4 * j + 3] = fmaf(ch[4 * j + 3], sa1 * sb.y, acc[4 * j + 3]);
+    }
+  };
+  int r = 0;  // kt % T::ring
+  // K-tile kt: its MMAs into cur; while they run, k-tile kt + 1's split and k-tile kt - 1's chain (prev).
+  auto step = [&](int kt, float (&cur)[R], float (&prev)[R]) {
+    const int s = kt % 3;
+    const int r1 = r + 1 == T::ring ? 0 : r + 1;
+    issue(kt + T::ring, r);
+    const unsigned ah = backend::shared_address(a_hi(s)) + a_rows, al = backend::shared_address(a_lo(s)) + a_rows;
+    const unsigned bh = backend::shared_address(b_hi(kt)), bl = backend::shared_address(b_lo(kt));
+    fence_registers(cur);
+    wgmma_fence();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mma(cur, al, bh, h, h);
+      mma(cur, ah, bl, h, 1);
+      mma(cur, ah, bh, h, 1);
+    }
+    wgmma_commit();
+    copy_wait<T::ring - 1>();
+    load(va, vb, r1);
+    store(va, vb, kt + 1);  // into stage (kt + 1) % 3, last read by k-tile kt - 2's MMAs (retired)
+    if (kt > 0) {
+      wgmma_wait<1>();  // k-tile kt - 1's MMAs (this warp's share; the barrier below: every warp's)
+      fence_registers(prev);
+      add_chain(prev, kt - 1);
+    }
+    fence_proxy_async();
+    __syncthreads();
+    r = r1;
+  };
+  for (int kt = 0; kt < kts; kt += 2) {
+    step(kt, c0, c1);
+    if (kt + 1 < kts) step(kt + 1, c1, c0);
+  }
+  auto last = [&](float (&ch)[R]) {
+    wgmma_wait<0>();
+    fence_registers(ch);
+    add_chain(ch, kts - 1);
+  };
+  if ((kts - 1) % 2 == 0) {
+    last(c0);
+  } else {
+    last(c1);
+  }
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = m0 + row0 + 8 * h;
+    if (row >= p.m) continue;
+#pragma unroll
+    for (int j = 0; j < T::BN / 8; ++j) write_pair<O>(p, bz, row, n0 + 8 * j + 2 * t, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+  }
+#else
+  (void)p;
+  __trap();  // gemm_wgmma() exists only where this was compiled for sm_90a
+#endif
+}
+
+template <class T, bool AK, bool BK_, Out O, bool PreB>
+cudaError_t launch_wgmma(cudaStream_t stream, const Params& p, int batch) {
+  using S = WgmmaSmem<T, AK, PreB>;
+  auto* fn = wgmma_kernel<T, AK, BK_, O, PreB>;
+  static const cudaError_t set = [fn] {
+    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, S::bytes);
+    if (e == cudaSuccess) {
+      e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    }
+    return e;
+  }();
+  if (set != cudaSuccess) return set;
+  const long long tiles = static_cast<long long>((p.m + T::BM - 1) / T::BM) * ((p.n + T::BN - 1) / T::BN);
+  if (tiles > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+  wgmma_kernel<T, AK, BK_, O, PreB><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(batch)), T::threads,
+                                      S::bytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
 using Large = Tile<128, 128, 2, 4>;  // 8 warps of 64 x 32
 using Small = Tile<64, 64, 2, 2>;    // 4 warps of 32 x 32
 
@@ -594,6 +900,49 @@ inline cudaError_t gemm(cudaStream_t stream, const Params& p, int batch, bool a_
   }
   return cudaErrorNotSupported;
 }
+
+// gemm()'s GEMMs whose planes are the layouts wgmma reads on Hopper's warpgroup MMAs (the wgmma form above):
+// the rows x weights GEMMs whose op(B) planes are free-major (N N with op(B) split beforehand, p.b_split set;
+// N T either way), and T N (per-block weight gradients, linear; always the small tile). The same splits,
+// products and order of sums. Defined in src/cuda_wgmma.cu, compiled for sm_90a into dpmlp_cuda_kernels, which
+// then defines DPMLP_HAVE_WGMMA; call it only there, and only on a device of compute capability 9.0.
+cudaError_t gemm_wgmma(cudaStream_t stream, const Params& p, int batch, bool a_n, bool b_t, Out out, bool large);
+
+#if defined(DPMLP_WGMMA_KERNELS_HERE)
+cudaError_t gemm_wgmma(cudaStream_t stream, const Params& p, int batch, bool a_n, bool b_t, Out out, bool large) {
+  using namespace detail;
+  if (!a_n) {  // T N: the small tile, whose k-major planes are the MMAs' MN-major layout
+    if (b_t || out != Out::linear || p.b_split != nullptr) return cudaErrorNotSupported;
+    return launch_wgmma<Small, false, false, Out::linear, false>(stream, p, batch);
+  }
+  const bool pre = p.b_split != nullptr;
+  if (!b_t) {
+    if (!pre) return cudaErrorNotSupported;
+    if (out == Out::bias_activation) {
+      return large ? launch_wgmma<Large, true, false, Out::bias_activation, true>(stream, p, batch)
+                   : launch_wgmma<Small, true, false, Out::bias_activation, true>(stream, p, batch);
+    }
+    if (out != Out::linear) return cudaErrorNotSupported;
+    return large ? launch_wgmma<Large, true, false, Out::linear, true>(stream, p, batch)
+                 : launch_wgmma<Small, true, false, Out::linear, true>(stream, p, batch);
+  }
+  if (out == Out::activation_grad) {
+    if (pre) {
+      return large ? launch_wgmma<Large, true, true, Out::activation_grad, true>(stream, p, batch)
+                   : launch_wgmma<Small, true, true, Out::activation_grad, true>(stream, p, batch);
+    }
+    return large ? launch_wgmma<Large, true, true, Out::activation_grad, false>(stream, p, batch)
+                 : launch_wgmma<Small, true, true, Out::activation_grad, false>(stream, p, batch);
+  }
+  if (out != Out::linear) return cudaErrorNotSupported;
+  if (pre) {
+    return large ? launch_wgmma<Large, true, true, Out::linear, true>(stream, p, batch)
+                 : launch_wgmma<Small, true, true, Out::linear, true>(stream, p, batch);
+  }
+  return large ? launch_wgmma<Large, true, true, Out::linear, false>(stream, p, batch)
+               : launch_wgmma<Small, true, true, Out::linear, false>(stream, p, batch);
+}
+#endif
 
 }  // namespace gemm_f16x3
 }  // namespace linalg
