@@ -546,10 +546,12 @@ __global__ void __launch_bounds__(128) split_b_kernel(const float* b, std::int64
 }
 
 // ---- The wgmma form (Hopper; compiled for sm_90a only, in src/cuda_wgmma.cu: gemm_wgmma()). The rows x
-// weights GEMMs (op(A) N; op(B)'s planes free-major: op T, or split beforehand) with the same copies, split
-// and planes as gemm_kernel, whose free-major planes are wgmma's K-major operand layout with the 64-byte
-// swizzle (rows of 64 bytes, 16-byte chunk c at c ^ ((row / 2) % 4) of each 512-byte group of eight rows);
-// the warpgroup MMAs (m64nBNk16, both operands in shared memory) run asynchronously beside the split, where
+// weights GEMMs (op(A) N; op(B)'s planes free-major: op T, or split beforehand) and T N on 64 x 64 tiles, with
+// the same copies, split and planes as gemm_kernel, whose free-major planes are wgmma's K-major operand layout
+// with the 64-byte swizzle (rows of 64 bytes, 16-byte chunk c at c ^ ((row / 2) % 4) of each 512-byte group of
+// eight rows) and whose 64-wide k-major planes its MN-major layout with the 128-byte swizzle (wgmma_descriptor,
+// wgmma_descriptor_mn); the warpgroup MMAs (m64nBNk16, both operands in shared memory) run asynchronously
+// beside the split, where
 // gemm_kernel's mma.sync issue from the same warps as the split. Warpgroup w takes rows 64 w ..+63 of the tile
 // and all its columns. A k-tile's six MMAs (each k16 step: lo*hi, hi*lo, hi*hi, gemm_kernel's order) sum in a
 // fresh accumulator, one of two that alternate: while k-tile kt's MMAs run, the thread splits k-tile kt + 1
