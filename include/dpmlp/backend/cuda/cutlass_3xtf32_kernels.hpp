@@ -224,17 +224,19 @@ inline void f16x3_gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, c
   // Hopper: the GEMMs whose planes are wgmma's layouts (rows x weights with op(B) split beforehand or op T;
   // T N) in the kernels' wgmma form (the same splits, products and order of sums).
   const bool on_wgmma = (g.op_a == Op::N ? b_split != nullptr || g.op_b == Op::T : g.op_b == Op::N) && wgmma_here();
-#else
-  constexpr bool on_wgmma = false;
 #endif
   in_launch_chunks(g, [&](const BatchedGemm<float>& part, std::int64_t) {
     f::Params p;
     kernel_params(p, g, part, e);
     p.b_split = b_split;
     const int batch = static_cast<int>(part.batch);
-    const cudaError_t s = on_wgmma ? f::gemm_wgmma(space.cuda_stream(), p, batch, g.op_a == Op::N, g.op_b == Op::T,
-                                                   out, large)
-                                   : f::gemm(space.cuda_stream(), p, batch, g.op_a == Op::N, g.op_b == Op::T, out, large);
+    const bool a_n = g.op_a == Op::N, b_t = g.op_b == Op::T;
+#if defined(DPMLP_HAVE_WGMMA)  // (gemm_wgmma exists only there: not named at all elsewhere)
+    const cudaError_t s = on_wgmma ? f::gemm_wgmma(space.cuda_stream(), p, batch, a_n, b_t, out, large)
+                                   : f::gemm(space.cuda_stream(), p, batch, a_n, b_t, out, large);
+#else
+    const cudaError_t s = f::gemm(space.cuda_stream(), p, batch, a_n, b_t, out, large);
+#endif
     if (s != cudaSuccess) {
       throw CommError(std::string("dpmlp: 3xFP16 GEMM (") + std::to_string(g.m) + " x " + std::to_string(g.n) +
                       " x " + std::to_string(g.k) + ", batch " + std::to_string(g.batch) +
