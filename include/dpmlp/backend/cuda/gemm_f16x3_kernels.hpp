@@ -805,6 +805,8 @@ __global__ void __launch_bounds__(T::threads, 1) wgmma_kernel(const Params p) {
     step(kt, c0, c1);
     if (kt + 1 < kts) step(kt + 1, c1, c0);
   }
+  // The last chain: its wait inside each branch (a wait before the branch over the two chains makes ptxas
+  // serialize every MMA, warning C7514).
   auto last = [&](float (&ch)[R]) {
     wgmma_wait<0>();
     fence_registers(ch);
