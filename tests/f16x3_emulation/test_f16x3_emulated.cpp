@@ -166,11 +166,10 @@ void check_wgmma(const Case& t, unsigned seed, std::initializer_list<bool> tiles
   }
 }
 
-}  // namespace
-
-TEST_CASE("3xFP16 kernels (emulated): every layout and epilogue at fp32 accuracy, the same bits on both tiles",
-          "[f16x3]") {
-  const std::vector<Case> cases = {
+// Every layout and epilogue: rows x weights and per-block weight gradients, k in whole, partial and single
+// k-tiles, alpha and beta, batches.
+const std::vector<Case>& layout_cases() {
+  static const std::vector<Case> cases = {
       {Op::N, Op::N, 200, 136, 100, 1, 1, Activation::relu, 1.0f, 0.0f},     // k: three k-tiles and a part
       {Op::N, Op::N, 70, 64, 36, 1, 1, Activation::tanh, 1.0f, 0.0f},
       {Op::N, Op::N, 65, 132, 4, 1, 0, Activation::identity, -1.5f, 0.25f},  // one partial k-tile
@@ -181,24 +180,22 @@ TEST_CASE("3xFP16 kernels (emulated): every layout and epilogue at fp32 accuracy
       {Op::T, Op::N, 132, 64, 63, 1, 0, Activation::identity, 1.0f, 0.0f},
       {Op::N, Op::N, 70, 64, 36, 2, 0, Activation::identity, 1.0f, 0.5f},    // a batch of whole GEMMs
   };
+  return cases;
+}
+
+}  // namespace
+
+TEST_CASE("3xFP16 kernels (emulated): every layout and epilogue at fp32 accuracy, the same bits on both tiles",
+          "[f16x3]") {
+  const std::vector<Case>& cases = layout_cases();
   for (std::size_t i = 0; i < cases.size(); ++i) check_both_tiles(cases[i], 1, i == 0 || i == 3);
 }
 
 TEST_CASE("3xFP16 wgmma form (emulated): gemm()'s bits on every rows x weights GEMM, whenever its MMAs read",
           "[f16x3][wgmma]") {
-  const std::vector<Case> cases = {
-      {Op::N, Op::N, 200, 136, 100, 1, 1, Activation::relu, 1.0f, 0.0f},     // k: three k-tiles and a part
-      {Op::N, Op::N, 70, 64, 36, 1, 1, Activation::tanh, 1.0f, 0.0f},
-      {Op::N, Op::N, 65, 132, 4, 1, 0, Activation::identity, -1.5f, 0.25f},  // one partial k-tile
-      {Op::N, Op::T, 130, 72, 200, 1, 2, Activation::tanh, 1.0f, 0.0f},
-      {Op::N, Op::T, 63, 136, 36, 1, 2, Activation::relu, 1.0f, 0.0f},
-      {Op::N, Op::T, 64, 68, 32, 1, 0, Activation::identity, 2.0f, -1.0f},
-      {Op::N, Op::N, 70, 64, 36, 2, 0, Activation::identity, 1.0f, 0.5f},    // a batch of whole GEMMs
-      {Op::T, Op::N, 36, 132, 100, 2, 0, Activation::identity, 1.0f, 0.0f},  // blocks at odd offsets
-      {Op::T, Op::N, 132, 64, 63, 1, 0, Activation::identity, 1.0f, 0.0f},
-  };
-  for (const Case& t : cases) check_wgmma(t, 1, t.op_a == Op::T ? std::initializer_list<bool>{false}
-                                                                 : std::initializer_list<bool>{false, true});
+  for (const Case& t : layout_cases()) {
+    check_wgmma(t, 1, t.op_a == Op::T ? std::initializer_list<bool>{false} : std::initializer_list<bool>{false, true});
+  }
 }
 
 TEST_CASE("3xFP16 wgmma form: the GEMMs it does not take", "[f16x3][wgmma]") {
