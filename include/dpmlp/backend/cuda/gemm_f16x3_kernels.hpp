@@ -263,21 +263,40 @@ __device__ __forceinline__ void frag16_planes(std::uint32_t (&hi)[4], std::uint3
   }
 }
 
-// Elements (row, col) and (row, col + 1) of batch entry bz's C from their sums v0, v1, through the output
-// form O (columns past n skipped; row < m).
+// What the output form O reads for elements (row, col) and (row, col + 1) besides their sums: the bias
+// (bias_activation) or Y (activation_grad); nothing (zeros) for linear or columns past n. A thread reads all its
+// elements' operands before it writes any: C may alias them for all the compiler knows, so a load after a store
+// would wait for it, and the epilogue would be a chain of memory latencies.
 template <Out O>
-__device__ __forceinline__ void write_pair(const Params& p, std::int64_t bz, int row, int col, float v0, float v1) {
+__device__ __forceinline__ void read_pair(const Params& p, int row, int col, float (&e)[2]) {
+  e[0] = e[1] = 0.0f;
+  if (col >= p.n) return;
+  const bool both = col + 1 < p.n;
+  if constexpr (O == Out::bias_activation) {
+    e[0] = p.src[col];
+    if (both) e[1] = p.src[col + 1];
+  } else if constexpr (O == Out::activation_grad) {
+    const float* y = p.src + static_cast<std::int64_t>(row) * p.src_ld + col;
+    e[0] = y[0];
+    if (both) e[1] = y[1];
+  }
+}
+
+// Elements (row, col) and (row, col + 1) of batch entry bz's C from their sums v0, v1 and read_pair's e,
+// through the output form O (columns past n skipped; row < m).
+template <Out O>
+__device__ __forceinline__ void write_pair(const Params& p, std::int64_t bz, int row, int col, float v0, float v1,
+                                           const float (&e)[2]) {
   if (col >= p.n) return;
   float* crow = p.c + bz * p.stride_c + static_cast<std::int64_t>(row) * p.ldc;
   const bool both = col + 1 < p.n;
   float v[2] = {v0, v1};
   if constexpr (O == Out::bias_activation) {
-    v[0] = dpmlp::detail::activate(p.act, v[0] + p.src[col]);
-    if (both) v[1] = dpmlp::detail::activate(p.act, v[1] + p.src[col + 1]);
+    v[0] = dpmlp::detail::activate(p.act, v[0] + e[0]);
+    if (both) v[1] = dpmlp::detail::activate(p.act, v[1] + e[1]);
   } else if constexpr (O == Out::activation_grad) {
-    const float* y = p.src + static_cast<std::int64_t>(row) * p.src_ld + col;
-    v[0] = v[0] * dpmlp::detail::activate_grad_from_output(p.act, y[0]);
-    if (both) v[1] = v[1] * dpmlp::detail::activate_grad_from_output(p.act, y[1]);
+    v[0] = v[0] * dpmlp::detail::activate_grad_from_output(p.act, e[0]);
+    if (both) v[1] = v[1] * dpmlp::detail::activate_grad_from_output(p.act, e[1]);
   } else {
     v[0] *= p.alpha, v[1] *= p.alpha;
     if (p.beta != 0.0f) {
@@ -454,6 +473,18 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
 
   // The epilogue: a lane holds rows g and g + 8 of each m16 tile, columns 2t and 2t + 1 of each n8 tile.
   const int g = lane >> 2, t = lane & 3;
+  float e[MT][2][NT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = m0 + wm0 + 16 * mt + g + 8 * half;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        if (row < p.m) read_pair<O>(p, row, n0 + wn0 + 8 * nt + 2 * t, e[mt][half][nt]);
+      }
+    }
+  }
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -462,7 +493,8 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
       if (row >= p.m) continue;
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        write_pair<O>(p, bz, row, n0 + wn0 + 8 * nt + 2 * t, acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]);
+        write_pair<O>(p, bz, row, n0 + wn0 + 8 * nt + 2 * t, acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1],
+                      e[mt][half][nt]);
       }
     }
   }
@@ -818,12 +850,23 @@ __global__ void __launch_bounds__(T::threads, 1) wgmma_kernel(const Params p) {
     last(c1);
   }
 
+  float e[2][T::BN / 8][2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = m0 + row0 + 8 * h;
+#pragma unroll
+    for (int j = 0; j < T::BN / 8; ++j) {
+      if (row < p.m) read_pair<O>(p, row, n0 + 8 * j + 2 * t, e[h][j]);
+    }
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = m0 + row0 + 8 * h;
     if (row >= p.m) continue;
 #pragma unroll
-    for (int j = 0; j < T::BN / 8; ++j) write_pair<O>(p, bz, row, n0 + 8 * j + 2 * t, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+    for (int j = 0; j < T::BN / 8; ++j) {
+      write_pair<O>(p, bz, row, n0 + 8 * j + 2 * t, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], e[h][j]);
+    }
   }
 #else
   (void)p;
