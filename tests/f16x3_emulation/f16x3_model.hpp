@@ -327,11 +327,13 @@ void launch_warps(Kernel kernel, dim3 grid, unsigned threads, std::size_t bytes,
 // warp instruction, no barrier): every thread of every CTA in turn, on the calling thread.
 template <class Kernel, class... Args>
 void launch_serial(Kernel kernel, dim3 grid, unsigned threads, cudaStream_t, const Args&... args) {
-  for (unsigned y = 0; y < grid.y; ++y) {
-    for (unsigned x = 0; x < grid.x; ++x) {
-      for (unsigned t = 0; t < threads; ++t) {
-        blockIdx.x = x, blockIdx.y = y, threadIdx.x = t;
-        kernel(args...);
+  for (unsigned z = 0; z < grid.z; ++z) {
+    for (unsigned y = 0; y < grid.y; ++y) {
+      for (unsigned x = 0; x < grid.x; ++x) {
+        for (unsigned t = 0; t < threads; ++t) {
+          blockIdx.x = x, blockIdx.y = y, blockIdx.z = z, threadIdx.x = t;
+          kernel(args...);
+        }
       }
     }
   }

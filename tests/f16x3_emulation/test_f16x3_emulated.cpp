@@ -17,6 +17,7 @@
 #include "emulated_f16x3.hpp"
 #include "gemm_reference.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -222,6 +223,45 @@ TEST_CASE("3xFP16 kernels (emulated): a row's bits do not depend on how many row
     INFO("op " << name(t.op_a) << name(t.op_b) << ", " << t.m << " x " << t.n << " x " << t.k);
     CHECK(std::memcmp(all.c.data(), part.c.data(), part.c.size() * sizeof(float)) == 0);
   }
+}
+
+TEST_CASE("3xFP16 kernels (emulated): split_b_jobs writes each job's split_b bytes", "[f16x3]") {
+  // Three op(B) of different shapes and both forms in one launch (the grid the largest's, the others' extra
+  // threads idle), against split_b of each; every byte of both outputs compared, NaN-filled beforehand.
+  struct Shape {
+    int n, k;
+    bool b_t;
+  };
+  const Shape shapes[] = {{200, 100, false}, {136, 72, true}, {64, 32, false}};
+  std::vector<std::vector<float>> bs, outs, refs;
+  std::vector<dpmlp::backend::f16x3_layout::SplitBJob> jobs;
+  std::mt19937 gen(11);
+  std::normal_distribution<float> normal;
+  int max_n = 0, max_k = 0;
+  for (const Shape& s : shapes) {
+    std::vector<float> b(static_cast<std::size_t>(s.n) * s.k);
+    for (float& v : b) v = normal(gen) * std::ldexp(1.0f, static_cast<int>(gen() % 40) - 20);
+    const std::size_t words = static_cast<std::size_t>(dpmlp::backend::f16x3_layout::split_b_bytes(s.n, s.k)) / 4;
+    bs.push_back(b);
+    outs.emplace_back(words, std::numeric_limits<float>::quiet_NaN());
+    refs.emplace_back(words, std::numeric_limits<float>::quiet_NaN());
+    max_n = std::max(max_n, s.n), max_k = std::max(max_k, s.k);
+  }
+  for (std::size_t i = 0; i < bs.size(); ++i) {
+    const Shape& s = shapes[i];
+    dpmlp::backend::f16x3_layout::SplitBJob j;
+    j.b = bs[i].data(), j.ldb = s.b_t ? s.k : s.n, j.n = s.n, j.k = s.k, j.b_t = s.b_t;
+    j.out = reinterpret_cast<unsigned char*>(outs[i].data());
+    jobs.push_back(j);
+    REQUIRE(f::split_b(nullptr, j.b, j.ldb, s.n, s.k, s.b_t, reinterpret_cast<unsigned char*>(refs[i].data())) ==
+            cudaSuccess);
+  }
+  REQUIRE(f::split_b_jobs(nullptr, jobs.data(), static_cast<int>(jobs.size()), max_n, max_k) == cudaSuccess);
+  for (std::size_t i = 0; i < bs.size(); ++i) {
+    INFO("job " << i);
+    CHECK(std::memcmp(outs[i].data(), refs[i].data(), outs[i].size() * sizeof(float)) == 0);
+  }
+  CHECK(f::split_b_jobs(nullptr, jobs.data(), 0, max_n, max_k) == cudaSuccess);  // none: no launch
 }
 
 TEST_CASE("3xFP16 kernels (emulated): rows and columns 2^120 apart keep their own fp32 accuracy", "[f16x3]") {

@@ -145,6 +145,7 @@ class BlockEngine {
             Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::gemm_workspace"), bytes);
       }
     }
+    if (plan_.gemm_f16x3) init_split_ahead();
     // The gradients beside the delta chain (compute()), where the GEMMs can run on two streams at once:
     // not the cuBLAS backend, whose handle's workspace is shared by every stream.
     if (!is_host_space<ExecSpace>() && plan_.gemm != linalg::Backend::cublas) {
@@ -290,6 +291,10 @@ class BlockEngine {
     const_matrix in = x;
     bool then_done = false;
     const bool x_split = split_ && prepare_split(space, x);
+    if (ahead_jobs_.extent(0) > 0) {
+      linalg::split_b_ahead(space, plan_.gemm, ahead_jobs_.data(), static_cast<int>(ahead_jobs_.extent(0)),
+                            ahead_max_n_, ahead_max_k_);
+    }
     for (int l = 0; l < model_.layers(); ++l) {
       const int n_in = model_.widths()[l], n_out = model_.widths()[l + 1];
       const matrix out = acts_[l];
@@ -327,7 +332,8 @@ class BlockEngine {
   void forward_gemm(const ExecSpace& space, int l, const Scalar* in, const matrix& out, Activation act) const {
     const int n_in = model_.widths()[l], n_out = model_.widths()[l + 1];
     const bool added = rows_gemm(space, linalg::Op::N, n_out, n_in, in, n_in, model_.weight(l).data(), n_out,
-                                 out.data(), n_out, Fuse::bias_activation, model_.bias(l).data(), 0, act);
+                                 out.data(), n_out, Fuse::bias_activation, model_.bias(l).data(), 0, act,
+                                 ahead_fwd_.empty() ? nullptr : ahead_fwd_[static_cast<std::size_t>(l)]);
     if (!added) {
       const auto bias = model_.bias(l);
       for_each_element(space, "dpmlp::bias_activation", rows_, n_out, KOKKOS_LAMBDA(const std::int64_t r, const int j) {
@@ -435,7 +441,8 @@ class BlockEngine {
         continue;
       }
       const bool fused = rows_gemm(space, linalg::Op::T, n_in, n_o, d.data(), ld_d, model_.weight(l).data(), n_o,
-                                   dn.data(), ld_dn, Fuse::activation_grad, a.data(), n_in, act);
+                                   dn.data(), ld_dn, Fuse::activation_grad, a.data(), n_in, act,
+                                   ahead_bwd_.empty() ? nullptr : ahead_bwd_[static_cast<std::size_t>(l)]);
       if (!fused) {
         for_each_element(space, "dpmlp::activation_grad", rows, n_in, KOKKOS_LAMBDA(const std::int64_t r, const int i) {
           dn(r, i) *= activate_grad_from_output(act, a(r, i));
@@ -803,6 +810,58 @@ class BlockEngine {
   // by whatever wrote A: the GEMM before it (its epilogue), narrow_backward, or lo_parts after an element-wise
   // kernel; the data's in prepare_split, with every split GEMM's B' from this step's weights.
 
+  // The 3xFP16 GEMMs' op(B), the weights in both forms (W for layer l's forward GEMM, W^T for its delta GEMM),
+  // split once a forward pass in one launch (forward(): linalg::split_b_ahead), rather than by each GEMM: one
+  // job a GEMM the kernels would split op(B) for (gemm_workspace_bytes() > 0), with rows_gemm's shape of it.
+  // A mini-batch's step is short enough that a launch a GEMM cost a quarter of it.
+  void init_split_ahead() {
+    if constexpr (std::is_same_v<Scalar, float>) {
+      const int L = model_.layers();
+      const auto& w = model_.widths();
+      std::vector<backend::f16x3_layout::SplitBJob> jobs;
+      std::vector<std::size_t> offsets;
+      std::vector<std::pair<int, bool>> owners;  // (layer, delta)
+      std::size_t total = 0;
+      for (int l = 0; l < L; ++l) {
+        const std::size_t i = static_cast<std::size_t>(l);
+        for (const bool delta : {false, true}) {
+          if (delta && (l == 0 || narrow_delta(w[i + 1]))) continue;  // no delta GEMM (narrow_backward's)
+          linalg::BatchedGemm<Scalar> g;
+          g.f16x3 = true;
+          g.op_b = delta ? linalg::Op::T : linalg::Op::N;
+          g.n = delta ? w[i] : w[i + 1];
+          g.k = delta ? w[i + 1] : w[i];
+          g.b = model_.weight(l).data();
+          g.ldb = w[i + 1];
+          const std::size_t bytes = linalg::gemm_workspace_bytes(ExecSpace(), plan_.gemm, g);
+          if (bytes == 0) continue;
+          backend::f16x3_layout::SplitBJob j;
+          j.b = g.b, j.ldb = g.ldb, j.n = g.n, j.k = g.k, j.b_t = delta;
+          jobs.push_back(j);
+          offsets.push_back(total);
+          owners.emplace_back(l, delta);
+          total += (bytes + 255) / 256 * 256;
+          ahead_max_n_ = std::max(ahead_max_n_, g.n);
+          ahead_max_k_ = std::max(ahead_max_k_, g.k);
+        }
+      }
+      if (jobs.empty()) return;
+      ahead_split_ = Kokkos::View<unsigned char*, memory_space>(
+          Kokkos::view_alloc(Kokkos::WithoutInitializing, "dpmlp::split_ahead"), total);
+      ahead_fwd_.assign(static_cast<std::size_t>(L), nullptr);
+      ahead_bwd_.assign(static_cast<std::size_t>(L), nullptr);
+      for (std::size_t j = 0; j < jobs.size(); ++j) {
+        jobs[j].out = ahead_split_.data() + offsets[j];
+        (owners[j].second ? ahead_bwd_ : ahead_fwd_)[static_cast<std::size_t>(owners[j].first)] = jobs[j].out;
+      }
+      ahead_jobs_ = Kokkos::View<backend::f16x3_layout::SplitBJob*, memory_space>("dpmlp::split_ahead_jobs",
+                                                                                 jobs.size());
+      auto h = Kokkos::create_mirror_view(ahead_jobs_);
+      for (std::size_t j = 0; j < jobs.size(); ++j) h(j) = jobs[j];
+      Kokkos::deep_copy(ahead_jobs_, h);
+    }
+  }
+
   void init_split(int widest) {
     if constexpr (std::is_same_v<Scalar, float>) {
       if (rows_ > INT_MAX) throw InputError("dpmlp: split operands take at most 2^31 - 1 rows a rank");
@@ -946,13 +1005,16 @@ class BlockEngine {
   // shard's rows, which also does `fuse` where the backend can; else block by block (the full blocks in one
   // batched call, the short tail block in another), so each block's bits depend on its rows alone. Returns
   // whether `fuse` was done (else the caller does it).
+  // b_split: op(W) split ahead (init_split_ahead), or null.
   bool rows_gemm(const ExecSpace& space, linalg::Op op_w, int n, int k, const Scalar* in, int ld_in, const Scalar* w,
                  int ld_w, Scalar* out, int ld_out, Fuse fuse = Fuse::none, const Scalar* src = nullptr,
-                 std::int64_t ld_src = 0, Activation act = Activation::identity) const {
+                 std::int64_t ld_src = 0, Activation act = Activation::identity,
+                 const void* b_split = nullptr) const {
     linalg::BatchedGemm<Scalar> g;
     g.f16x3 = plan_.gemm_f16x3;
     g.workspace = gemm_workspace_.data();
     g.workspace_bytes = gemm_workspace_.extent(0);
+    g.b_split = b_split;
     g.op_b = op_w;
     g.n = n;
     g.k = k;
@@ -1044,6 +1106,12 @@ class BlockEngine {
   matrix x_lo_;                   // where fwd_split_[0]
   std::vector<matrix> acts_lo_;   // [l] where fwd_split_[l + 1]
   matrix delta_lo_[2];            // where any bwd_split_
+  // The 3xFP16 GEMMs' op(B) split ahead (init_split_ahead): the jobs, their outputs, and layer l's forward
+  // (delta) GEMM's split op(B) or null.
+  Kokkos::View<backend::f16x3_layout::SplitBJob*, memory_space> ahead_jobs_;
+  Kokkos::View<unsigned char*, memory_space> ahead_split_;
+  std::vector<const void*> ahead_fwd_, ahead_bwd_;
+  int ahead_max_n_ = 0, ahead_max_k_ = 0;
 };
 
 }  // namespace detail

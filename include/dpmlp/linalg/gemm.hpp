@@ -31,6 +31,7 @@
 #include <Eigen/Core>
 
 #include "dpmlp/activation.hpp"
+#include "dpmlp/backend/cuda/f16x3_layout.hpp"  // (plain C++: f16x3_layout::SplitBJob on every build)
 #include "dpmlp/kokkos_compat.hpp"
 
 namespace dpmlp {
@@ -77,6 +78,10 @@ struct BatchedGemm {
   // (gemm_workspace_bytes() says how much), rather than in every CTA; the bits are the same either way.
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
+  // op(B) split beforehand, by split_b_ahead (a job of this GEMM's b, ldb, n, k and op_b), as the 3xFP16
+  // kernels would split it into the workspace; they then skip their own split. Null: none. The caller vouches
+  // that it is the split of op(B) as it is now.
+  const void* b_split = nullptr;
 };
 
 namespace detail {
@@ -614,6 +619,26 @@ void gemm(const ExecSpace& space, Backend backend, const BatchedGemm<Scalar>& g)
   }
   throw std::invalid_argument(std::string("dpmlp::linalg::gemm: backend '") + backend_name(backend) +
                               "' is not available for execution space " + ExecSpace::name());
+}
+
+// The 3xFP16 kernels' splits of several GEMMs' op(B) (`count` jobs in device memory, the largest op(B)
+// max_n x max_k), ahead of those GEMMs and in one launch on `space`; each GEMM then takes its job's output as
+// BatchedGemm::b_split (the same bits as its own split). A job's output holds gemm_workspace_bytes() of its
+// GEMM, so there are jobs only where that is not 0: the cutlass backend's float GEMMs on CUDA.
+template <class ExecSpace>
+void split_b_ahead(const ExecSpace& space, Backend backend, const backend::f16x3_layout::SplitBJob* jobs, int count,
+                   int max_n, int max_k) {
+  if (count <= 0) return;
+#if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUTLASS)
+  if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
+    if (backend == Backend::cutlass) {
+      cutlass_3xtf32::split_b_ahead(space, jobs, count, max_n, max_k);
+      return;
+    }
+  }
+#endif
+  (void)space, (void)backend, (void)jobs, (void)max_n, (void)max_k;
+  throw std::logic_error("dpmlp::linalg::split_b_ahead: jobs for a backend with no 3xFP16 kernels");
 }
 
 // The workspace (BatchedGemm::workspace) the backend makes use of for a GEMM of g's shape and options: 0 where

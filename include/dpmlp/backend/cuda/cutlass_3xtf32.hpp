@@ -123,6 +123,10 @@ inline std::size_t f16x3_workspace_bytes(const BatchedGemm<float>& g) {
              : 0;
 }
 
+// The 3xFP16 kernels' split of several GEMMs' op(B) in one launch (linalg::split_b_ahead).
+DPMLP_CUDA_ENTRY void split_b_ahead(const Kokkos::Cuda& space, const backend::f16x3_layout::SplitBJob* jobs,
+                                    int count, int max_n, int max_k);
+
 // C = alpha op(A) op(B) (+ beta C), or with a fused epilogue (Epilogue). Only for GEMMs takes() accepts.
 DPMLP_CUDA_ENTRY void gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Epilogue& e = Epilogue());
 

@@ -214,7 +214,10 @@ inline void f16x3_gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, c
   // op(B) split once, into the workspace, where every row shares it and the workspace holds it.
   const std::size_t split_bytes = f16x3_workspace_bytes(g);
   const unsigned char* b_split = nullptr;
-  if (split_bytes > 0 && g.workspace != nullptr && g.workspace_bytes >= split_bytes && aligned16(g.workspace)) {
+  if (split_bytes > 0 && g.b_split != nullptr) {
+    b_split = static_cast<const unsigned char*>(g.b_split);  // split ahead (split_b_ahead)
+  } else if (split_bytes > 0 && g.workspace != nullptr && g.workspace_bytes >= split_bytes &&
+             aligned16(g.workspace)) {
     const cudaError_t s = f::split_b(space.cuda_stream(), g.b, g.ldb, g.n, g.k, g.op_b == Op::T,
                                      static_cast<unsigned char*>(g.workspace));
     if (s != cudaSuccess) throw CommError(std::string("dpmlp: 3xFP16 GEMM, splitting B: ") + cudaGetErrorString(s));
@@ -261,6 +264,12 @@ DPMLP_CUDA_ENTRY bool wgmma_here() {
 #else
   return false;
 #endif
+}
+
+DPMLP_CUDA_ENTRY void split_b_ahead(const Kokkos::Cuda& space, const backend::f16x3_layout::SplitBJob* jobs,
+                                    int count, int max_n, int max_k) {
+  const cudaError_t s = gemm_f16x3::split_b_jobs(space.cuda_stream(), jobs, count, max_n, max_k);
+  if (s != cudaSuccess) throw CommError(std::string("dpmlp: 3xFP16 GEMMs, splitting B ahead: ") + cudaGetErrorString(s));
 }
 
 DPMLP_CUDA_ENTRY void gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Epilogue& e) {

@@ -24,6 +24,17 @@ namespace f16x3_layout {
 
 constexpr int k_tile = 32;  // k a k-tile: one chain of MMAs, one scale a row (column)
 
+// One GEMM's op(B) for the kernels to split ahead (gemm_f16x3::split_b_jobs, several in one launch): op(B) is
+// b (k x n, leading dimension ldb) or, where b_t, its transpose (b n x k); its split goes to out, in the format
+// of split_b_bytes(n, k), 16-byte aligned.
+struct SplitBJob {
+  const float* b = nullptr;
+  long long ldb = 0;
+  int n = 0, k = 0;
+  int b_t = 0;
+  unsigned char* out = nullptr;
+};
+
 // Where (f, k) of a plane lives, in halves from its start.
 template <bool FreeMajor, int F>
 DPMLP_F16X3_HD constexpr int plane_at(int f, int k) {

@@ -536,11 +536,10 @@ cudaError_t launch(cudaStream_t stream, const Params& p, int batch) {
 // Column f of op(B)'s k-tile kt, split as the GEMM kernels split it (the same scale and parts), into the
 // format of split_b_bytes(); zeros past n and k.
 template <bool KContig>
-__global__ void __launch_bounds__(128) split_b_kernel(const float* b, std::int64_t ldb, int n, int k,
-                                                      unsigned char* out) {
+__device__ __forceinline__ void split_b_column(const float* b, std::int64_t ldb, int n, int k, unsigned char* out,
+                                               int f, int kt) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
   namespace h = backend::f16x3;
-  const int f = static_cast<int>(blockIdx.x * 128 + threadIdx.x), kt = static_cast<int>(blockIdx.y);
   const int cols = split_b_columns(n);
   float v[BK];
 #pragma unroll
@@ -572,9 +571,31 @@ __global__ void __launch_bounds__(128) split_b_kernel(const float* b, std::int64
   }
   reinterpret_cast<float*>(tile + 4 * BK * cols)[f] = s;
 #else
-  (void)b, (void)ldb, (void)n, (void)k, (void)out;
+  (void)b, (void)ldb, (void)n, (void)k, (void)out, (void)f, (void)kt;
   __trap();
 #endif
+}
+
+// A thread a column of one k-tile: grid (split_b_columns(n) / 128, k-tiles).
+template <bool KContig>
+__global__ void __launch_bounds__(128) split_b_kernel(const float* b, std::int64_t ldb, int n, int k,
+                                                      unsigned char* out) {
+  split_b_column<KContig>(b, ldb, n, k, out, static_cast<int>(blockIdx.x * 128 + threadIdx.x),
+                          static_cast<int>(blockIdx.y));
+}
+
+// split_b_kernel for several GEMMs' op(B) at once: job blockIdx.z, in a grid as large as the largest job's.
+// (A template, Job = f16x3_layout::SplitBJob, so that every translation unit may define it.)
+template <class Job>
+__global__ void __launch_bounds__(128) split_b_jobs_kernel(const Job* jobs) {
+  const Job j = jobs[blockIdx.z];
+  const int f = static_cast<int>(blockIdx.x * 128 + threadIdx.x), kt = static_cast<int>(blockIdx.y);
+  if (f >= split_b_columns(j.n) || kt >= (j.k + BK - 1) / BK) return;
+  if (j.b_t) {
+    split_b_column<true>(j.b, j.ldb, j.n, j.k, j.out, f, kt);
+  } else {
+    split_b_column<false>(j.b, j.ldb, j.n, j.k, j.out, f, kt);
+  }
 }
 
 // ---- The wgmma form (Hopper; compiled for sm_90a only, in src/cuda_wgmma.cu: gemm_wgmma()). The rows x
@@ -916,6 +937,18 @@ inline cudaError_t split_b(cudaStream_t stream, const float* b, std::int64_t ldb
   } else {
     detail::split_b_kernel<false><<<grid, 128, 0, stream>>>(b, ldb, n, k, out);
   }
+  return cudaGetLastError();
+}
+
+// split_b() for `count` GEMMs in one launch: jobs (device memory, count of them, at most 65535) whose op(B)
+// have at most max_n columns and max_k rows. The same bits as split_b() of each.
+inline cudaError_t split_b_jobs(cudaStream_t stream, const backend::f16x3_layout::SplitBJob* jobs, int count,
+                                int max_n, int max_k) {
+  if (count <= 0) return cudaSuccess;
+  if (count > 65535) return cudaErrorInvalidConfiguration;
+  const dim3 grid(static_cast<unsigned>(detail::split_b_columns(max_n) / 128),
+                  static_cast<unsigned>((max_k + detail::BK - 1) / detail::BK), static_cast<unsigned>(count));
+  detail::split_b_jobs_kernel<backend::f16x3_layout::SplitBJob><<<grid, 128, 0, stream>>>(jobs);
   return cudaGetLastError();
 }
 
