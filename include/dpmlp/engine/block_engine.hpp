@@ -813,7 +813,7 @@ class BlockEngine {
   // The 3xFP16 GEMMs' op(B), the weights in both forms (W for layer l's forward GEMM, W^T for its delta GEMM),
   // split once a forward pass in one launch (forward(): linalg::split_b_ahead), rather than by each GEMM: one
   // job a GEMM the kernels would split op(B) for (gemm_workspace_bytes() > 0), with rows_gemm's shape of it.
-  // A mini-batch's step is short enough that a launch a GEMM cost a quarter of it.
+  // A mini-batch's step is short enough that a launch a GEMM cost about a fifth of it.
   void init_split_ahead() {
     if constexpr (std::is_same_v<Scalar, float>) {
       const int L = model_.layers();
