@@ -26,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "json_string.hpp"
+
 namespace {
 
 struct Kernel {
@@ -46,24 +48,6 @@ std::string demangled(const char* name) {
   std::string s = status == 0 && d != nullptr ? d : name;
   std::free(d);
   return s;
-}
-
-// JSON string contents: quotes, backslashes and control characters escaped.
-std::string escaped(const std::string& s) {
-  std::string out;
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out;
 }
 
 void CUPTIAPI buffer_requested(std::uint8_t** buffer, std::size_t* size, std::size_t* max_records) {
@@ -131,9 +115,9 @@ void report() {
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     std::fprintf(f, "%s\n  {\"total_ms\": %.4f, \"count\": %zu, \"min_us\": %.2f, \"median_us\": %.2f, \"max_us\": %.2f, "
-                    "\"name\": \"%s\"}",
+                    "\"name\": %s}",
                  i ? "," : "", r.total * 1e-3, r.us.size(), r.us.front(), r.us[r.us.size() / 2], r.us.back(),
-                 escaped(r.name).c_str());
+                 json_string(r.name).c_str());
   }
   std::fprintf(f, "]");
   const char* timeline = std::getenv("DPMLP_TRACE_TIMELINE");
@@ -145,9 +129,9 @@ void report() {
     for (std::size_t i = from; i < kernels.size(); ++i) {
       const Kernel& k = kernels[i];
       std::fprintf(f, "%s\n  {\"start_us\": %.2f, \"us\": %.2f, \"stream\": %u, \"grid\": %llu, \"block\": %u, "
-                      "\"shared\": %u, \"name\": \"%s\"}",
+                      "\"shared\": %u, \"name\": %s}",
                    i > from ? "," : "", (k.start - t0) * 1e-3, (k.end - k.start) * 1e-3, k.stream,
-                   static_cast<unsigned long long>(k.grid), k.block, k.shared, escaped(k.name).c_str());
+                   static_cast<unsigned long long>(k.grid), k.block, k.shared, json_string(k.name).c_str());
     }
     std::fprintf(f, "]");
   }

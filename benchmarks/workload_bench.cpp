@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "../examples/cli.hpp"
+#include "json_string.hpp"
 
 namespace {
 
@@ -175,24 +176,6 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-// A string as a JSON string literal (quotes, backslashes and control characters escaped).
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char code[8];
-      std::snprintf(code, sizeof code, "\\u%04x", c);
-      out += code;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
 }
 
 // A number for JSON: non-finite values as null (JSON has no NaN).
