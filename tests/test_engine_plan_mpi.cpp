@@ -120,6 +120,32 @@ TEST_CASE("the plan resolves the engine from the model and the space", "[plan]")
     CHECK(f16_wgmma.sums_key() != on_f16x3.sums_key());
     CHECK(f16_wgmma.sums_key() != on_wgmma.sums_key());
     CHECK(!plan(shape({32, 256, 256, 1}), 20000, cutlass, 1, hopper).gemm_f16x3);  // automatic: off
+    // automatic: on from 2^16 global rows a step where they can run, whatever the rank count (the bits must
+    // not depend on it), and off wherever they cannot (not refused).
+    constexpr std::int64_t many = dpmlp::detail::f16x3_rows;
+    dpmlp::EngineCaps f16_cutlass = f16;  // the CUDA build's default GEMMs
+    f16_cutlass.gemm_reproducible = dpmlp::linalg::Backend::cutlass;
+    for (int ranks : {1, 2, 3, 16}) {
+      INFO("ranks " << ranks);
+      CHECK(plan(shape({32, 256, 256, 1}), many, {}, ranks, f16_cutlass).gemm_f16x3);
+      CHECK(!plan(shape({32, 256, 256, 1}), many - 1, {}, ranks, f16_cutlass).gemm_f16x3);
+      CHECK(plan(shape({32, 256, 256, 1}), many, cutlass, ranks, hopper).gemm_f16x3);
+      CHECK(!plan(shape({32, 256, 256, 1}), many - 1, cutlass, ranks, hopper).gemm_f16x3);
+    }
+    CHECK(plan(shape({32, 256, 256, 1}), many, {}, 1, f16_cutlass).describe().find("cutlass, 3xFP16") !=
+          std::string::npos);
+    dpmlp::EngineOptions f16_off;
+    f16_off.gemm_3xfp16 = dpmlp::Toggle::off;
+    CHECK(!plan(shape({32, 256, 256, 1}), many, f16_off, 1, f16_cutlass).gemm_f16x3);
+    CHECK(!plan(shape({32, 256, 256, 1}), many, cutlass).gemm_f16x3);          // a device that cannot
+    CHECK(!plan(shape({32, 256, 256, 1}), many, portable, 1, f16).gemm_f16x3);  // another GEMM backend
+    CHECK(!plan(shape({32, 256, 256, 1}), many, {}, 1, f16).gemm_f16x3);        // (the caps' default)
+    CHECK(!plan(shape({32, 64, 64, 1}), many, {}, 1, f16_cutlass).gemm_f16x3);  // the tensor engine's
+    const dpmlp::ModelShape f64{{32, 256, 256, 1}, Activation::relu, sizeof(double)};
+    CHECK(!plan(f64, many, {}, 1, f16_cutlass).gemm_f16x3);  // double
+    dpmlp::EngineCaps split_f16 = f16_cutlass;                // split operands take the forward and delta GEMMs
+    split_f16.split_operands = true;
+    CHECK(!plan(shape({32, 256, 256, 1}), many, {}, 1, split_f16).gemm_f16x3);
     // Refused, with the reason, where they cannot run.
     CHECK_THROWS_WITH(plan(shape({32, 256, 256, 1}), 20000, f16_on), Catch::Contains("compute capability 8.0"));
     dpmlp::EngineOptions f16_portable = portable;

@@ -116,11 +116,12 @@ struct EngineOptions {
   // Whether the layered engine's float GEMMs of 64 or more columns on the cutlass backend run on dpmlp's
   // block-scaled 3xFP16 kernels (backend/cuda/gemm_f16x3_kernels.hpp: each operand split in shared memory
   // into fp16 hi and lo parts with a power-of-two scale a row (column) and 32 k, FP16 tensor-core MMAs) rather
-  // than CUTLASS's 3xTF32 kernels, on a GPU of compute capability 8.0 or newer. Experimental: automatic is off;
-  // on is refused where they cannot run (another engine or GEMM backend, double, an older GPU or none, the
-  // wgmma kernels or split operands in use). The bits differ from CUTLASS's, and so does the accuracy's
-  // reference: a value keeps 22 bits below the largest magnitude of its row (column) in its 32-k tile, not
-  // below its own (docs/design.md).
+  // than CUTLASS's 3xTF32 kernels, on a GPU of compute capability 8.0 or newer. automatic: where they can run,
+  // for steps of 2^16 global rows or more (a full batch or mini-batch of that many rows, whatever the rank
+  // count), where they are the faster; on: at any size, refused where they cannot run (another engine or GEMM
+  // backend, double, an older GPU or none, split operands in use). The bits differ from CUTLASS's, and so does
+  // the accuracy's reference: a value keeps 22 bits below the largest magnitude of its row (column) in its
+  // 32-k tile, not below its own (docs/design.md), as in the tensor engine's deep kernel.
   Toggle gemm_3xfp16 = Toggle::automatic;
 };
 

@@ -302,6 +302,11 @@ inline int host_leaf_group(const EngineCaps& caps, Toggle asked, std::int64_t gl
   return 1;
 }
 
+// The global rows a step from which the layered engine's cutlass GEMMs run on the block-scaled 3xFP16 kernels
+// by default (EngineOptions::gemm_3xfp16 automatic): from there on they were the faster (docs/performance.md);
+// with fewer, as in a mini-batch, CUTLASS's smaller CTAs fill the GPU better.
+inline constexpr std::int64_t f16x3_rows = std::int64_t(1) << 16;
+
 }  // namespace detail
 
 // The plan for a model of shape `m` on a space offering `caps`, for steps over `global_rows` rows on `ranks`
@@ -350,7 +355,7 @@ inline EnginePlan plan_engine(const ModelShape& m, const EngineCaps& caps, const
                  (o.split_operands == Toggle::on ||
                   (o.split_operands == Toggle::automatic && p.gemm == linalg::Backend::cutlass && caps.split_operands));
   p.split_hopper = p.gemm_split && caps.split_operands;
-  if (o.gemm_3xfp16 == Toggle::on) {
+  {
     const char* why = p.engine != Engine::layered                ? "the plan's engine is not the layered one"
                       : m.scalar_bytes != sizeof(float)         ? "the model is double"
                       : p.gemm != linalg::Backend::cutlass      ? "the GEMM backend is not cutlass"
@@ -358,8 +363,13 @@ inline EnginePlan plan_engine(const ModelShape& m, const EngineCaps& caps, const
                                                                   "with 81 KB of shared memory a block"
                       : p.gemm_split                            ? "split operands run the forward and delta GEMMs"
                                                                 : nullptr;
-    if (why != nullptr) throw InputError(std::string("dpmlp: gemm_3xfp16 on: the 3xFP16 GEMMs cannot run: ") + why);
-    p.gemm_f16x3 = true;
+    if (o.gemm_3xfp16 == Toggle::on && why != nullptr) {
+      throw InputError(std::string("dpmlp: gemm_3xfp16 on: the 3xFP16 GEMMs cannot run: ") + why);
+    }
+    // automatic: where they can, for steps of f16x3_rows global rows or more (a step's rows, not a rank's:
+    // the bits must not depend on the rank count).
+    p.gemm_f16x3 = why == nullptr && (o.gemm_3xfp16 == Toggle::on ||
+                                      (o.gemm_3xfp16 == Toggle::automatic && global_rows >= detail::f16x3_rows));
   }
   switch (p.engine) {
     case Engine::fused: p.kernel = Kernel::fused; break;
