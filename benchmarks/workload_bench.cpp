@@ -298,6 +298,10 @@ Result time_runs(MPI_Comm comm, const Options& o, const Optimizer& optimizer) {
       res.last = run(trainer, epochs ? o.epochs : o.steps);
       MPI_Barrier(comm);
       res.ms.push_back(now_ms() - t0);
+      if (epochs && trainer.batch_plan() != nullptr) {  // what the batches ran, not the full batch's plan
+        res.plan = *trainer.batch_plan();
+        res.block_rows = res.plan.block_rows;
+      }
       if (r + 1 == o.repeats) res.params_digest = dpmlp::hex16(dpmlp::digest(m.params()));
     }
   } catch (const dpmlp::TrainingError& e) {

@@ -401,6 +401,23 @@ TEST_CASE("the trainer and value_and_grad run the space's plan", "[plan][mpi]") 
   CHECK(trainer.block_rows() == expected.block_rows);
   CHECK(trainer.leaf_group() == expected.leaf_group);
   CHECK(trainer.engine() == expected.engine);
+  // train_epochs plans its batches for a batch's rows (here fewer blocks, so leaves of fewer: another plan),
+  // and says so.
+  {
+    const std::int64_t many = 100000, batch = 256;
+    dpmlp::DataParallelTrainer<Space> t(MPI_COMM_WORLD, model, many, dpmlp::Sgd(0.02), options);
+    CHECK(t.batch_plan() == nullptr);
+    Kokkos::View<float**, Kokkos::LayoutRight, Memory> x("x", t.shard().rows(), 32), y("y", t.shard().rows(), 1);
+    Kokkos::deep_copy(x, 0.5f);
+    Kokkos::deep_copy(y, 1.0f);
+    t.set_data(x, y);
+    t.train_epochs(1, batch, 7);
+    REQUIRE(t.batch_plan() != nullptr);
+    const auto planned = dpmlp::detail::BlockEngine<Space, float>::plan(model, options, true, batch, size);
+    CHECK(t.batch_plan()->sums_key() == planned.sums_key());
+    CHECK(t.batch_plan()->leaf_group == planned.leaf_group);
+    CHECK(t.batch_plan()->leaf_group != t.leaf_group());
+  }
   // A forced choice the space cannot run is refused by the trainer too.
   const auto caps = dpmlp::detail::BlockEngine<Space, float>::caps(model);
   if (!caps.tensor_unavailable.empty()) {

@@ -103,6 +103,9 @@ class DataParallelTrainer {
   Engine engine() const { return engine_plan_.engine; }
   // How a step computes its block sums (engine/plan.hpp): the same on every rank.
   const EnginePlan& engine_plan() const { return engine_plan_; }
+  // The plan of train_epochs' batches (of its last batch size; a shorter last batch of an epoch may have
+  // its own), planned for a batch's rows as engine_plan() is for the full batch's; null before train_epochs.
+  const EnginePlan* batch_plan() const { return epochs_ ? &epochs_->full.plan : nullptr; }
   const TrainerOptions& options() const { return options_; }
   const Optimizer& optimizer() const { return optimizer_; }
   // What a step learns: each step's loss (TrainResult, StepInfo, the callbacks) is this loss's value.
