@@ -113,6 +113,7 @@ TEST_CASE("the plan resolves the engine from the model and the space", "[plan]")
     // On a Hopper GPU that runs the wgmma kernels they take precedence, their rows x weights GEMMs in their
     // wgmma form: a key of its own (a Hopper rank and an Ampere rank need not sum alike).
     hopper.cutlass_on_f16x3 = true;
+    hopper.f16x3_on_wgmma = true;
     const dpmlp::EnginePlan f16_wgmma = plan(shape({32, 256, 256, 1}), 20000, f16_on, 1, hopper);
     CHECK(f16_wgmma.gemm_f16x3);
     CHECK(f16_wgmma.gemm_wgmma);
@@ -123,6 +124,18 @@ TEST_CASE("the plan resolves the engine from the model and the space", "[plan]")
     // automatic: on from 2^16 global rows a step where they can run, whatever the rank count (the bits must
     // not depend on it), and off wherever they cannot (not refused).
     constexpr std::int64_t many = dpmlp::detail::f16x3_rows;
+    // A default CUDA build for Hopper: the 3xFP16 GEMMs' wgmma form, not the wgmma 3xTF32 kernels. Its steps
+    // with the 3xFP16 GEMMs run that form; the others CUTLASS's kernels, not wgmma ones.
+    dpmlp::EngineCaps hopper_default = f16;
+    hopper_default.gemm_reproducible = dpmlp::linalg::Backend::cutlass;
+    hopper_default.f16x3_on_wgmma = true;
+    CHECK(plan(shape({32, 256, 256, 1}), many, {}, 1, hopper_default).gemm_f16x3);
+    CHECK(plan(shape({32, 256, 256, 1}), many, {}, 1, hopper_default).gemm_wgmma);
+    CHECK(plan(shape({32, 256, 256, 1}), many, {}, 1, hopper_default).describe().find("3xFP16 on wgmma") !=
+          std::string::npos);
+    CHECK(!plan(shape({32, 256, 256, 1}), many - 1, {}, 1, hopper_default).gemm_wgmma);
+    CHECK(plan(shape({32, 256, 256, 1}), many - 1, {}, 1, hopper_default).sums_key() ==
+          plan(shape({32, 256, 256, 1}), many - 1, cutlass, 1, f16).sums_key());
     dpmlp::EngineCaps f16_cutlass = f16;  // the CUDA build's default GEMMs
     f16_cutlass.gemm_reproducible = dpmlp::linalg::Backend::cutlass;
     for (int ranks : {1, 2, 3, 16}) {

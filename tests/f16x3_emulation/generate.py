@@ -106,8 +106,8 @@ def main():
 
     # The wgmma form: the macro that compiles it (defined for sm_90a) defined; its primitives checked against the
     # text the model stands for, then replaced by calls into the model; gemm_wgmma() (compiled only where
-    # DPMLP_WGMMA_KERNELS_HERE is defined: src/cuda_wgmma.cu) defined here, this test being its one translation
-    # unit.
+    # DPMLP_WGMMA_KERNELS_HERE is defined: src/cuda_f16x3_wgmma.cu) defined here, this test being its one
+    # translation unit.
     body = replace(body, "#if defined(__CUDA_ARCH_FEAT_SM90_ALL)\n#define DPMLP_F16X3_WGMMA 1\n#endif\n",
                    "#define DPMLP_F16X3_WGMMA 1  // the host model's wgmma\n", "DPMLP_F16X3_WGMMA")
     region = between(body, "#if defined(DPMLP_F16X3_WGMMA)\n", "#endif  // DPMLP_F16X3_WGMMA\n",

@@ -172,6 +172,7 @@ class BlockEngine {
       if constexpr (std::is_same_v<Scalar, float>) {
         c.cutlass_on_wgmma = linalg::cutlass_3xtf32::wgmma_here();
         c.cutlass_on_f16x3 = linalg::cutlass_3xtf32::f16x3_here();
+        c.f16x3_on_wgmma = linalg::cutlass_3xtf32::f16x3_wgmma_here();
         c.split_operands = linalg::split_3xtf32::runs_here();
       }
 #endif

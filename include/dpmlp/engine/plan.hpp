@@ -57,8 +57,9 @@ struct EngineCaps {
   int fused_team_size = 0;              // device spaces: the most threads a fused team can have
   linalg::Backend gemm_reproducible = linalg::Backend::portable;  // the layered engine's default GEMMs
   linalg::Backend gemm_fast = linalg::Backend::portable;
-  bool cutlass_on_wgmma = false;  // the cutlass backend runs Hopper's wgmma kernels here (float; other bits)
+  bool cutlass_on_wgmma = false;  // the cutlass backend runs Hopper's wgmma 3xTF32 kernels here (float; other bits)
   bool cutlass_on_f16x3 = false;  // dpmlp's block-scaled 3xFP16 kernels can run here (float; other bits)
+  bool f16x3_on_wgmma = false;    // ... and their wgmma form, which takes the GEMMs whose planes wgmma reads
   bool split_operands = false;    // the split-operand GEMMs run on Hopper's kernels here (linalg/split_gemm.hpp)
 };
 
@@ -92,7 +93,8 @@ struct EnginePlan {
   std::int64_t block_rows = 64;
   int leaf_group = 1;  // blocks a row of the engine's partial sums (and a leaf of the block tree) holds
   linalg::Backend gemm = linalg::Backend::portable;
-  bool gemm_wgmma = false;  // the layered engine's cutlass GEMMs run on Hopper's wgmma kernels (EngineCaps)
+  bool gemm_wgmma = false;  // the layered engine's cutlass GEMMs run on Hopper's wgmma kernels (EngineCaps):
+                            // with gemm_f16x3 the 3xFP16 GEMMs' wgmma form, else the wgmma 3xTF32 kernels
   bool gemm_f16x3 = false;  // ... those of n >= 64 on the block-scaled 3xFP16 kernels (EngineOptions::gemm_3xfp16),
                             // whose rows x weights GEMMs then run in their wgmma form where gemm_wgmma
   bool gemm_split = false;  // its forward and delta GEMMs run over split operands (EngineOptions::split_operands)
@@ -346,7 +348,6 @@ inline EnginePlan plan_engine(const ModelShape& m, const EngineCaps& caps, const
   }
   const std::int64_t global_blocks = global_rows > 0 ? (global_rows + p.block_rows - 1) / p.block_rows : 0;
   p.gemm = o.gemm ? *o.gemm : (reproducible ? caps.gemm_reproducible : caps.gemm_fast);
-  p.gemm_wgmma = p.gemm == linalg::Backend::cutlass && caps.cutlass_on_wgmma;
   if (o.split_operands == Toggle::on && (p.engine != Engine::layered || m.scalar_bytes != sizeof(float))) {
     throw InputError(std::string("dpmlp: split operands are the layered engine's float GEMMs (this plan: ") +
                      engine_name(p.engine) + (m.scalar_bytes != sizeof(float) ? ", double)" : ")"));
@@ -371,6 +372,8 @@ inline EnginePlan plan_engine(const ModelShape& m, const EngineCaps& caps, const
     p.gemm_f16x3 = why == nullptr && (o.gemm_3xfp16 == Toggle::on ||
                                       (o.gemm_3xfp16 == Toggle::automatic && global_rows >= detail::f16x3_rows));
   }
+  // Hopper's wgmma kernels: the 3xFP16 GEMMs' wgmma form where those run, else the wgmma 3xTF32 kernels.
+  p.gemm_wgmma = p.gemm == linalg::Backend::cutlass && (p.gemm_f16x3 ? caps.f16x3_on_wgmma : caps.cutlass_on_wgmma);
   switch (p.engine) {
     case Engine::fused: p.kernel = Kernel::fused; break;
     case Engine::host: p.kernel = Kernel::host; break;

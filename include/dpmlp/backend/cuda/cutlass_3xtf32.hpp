@@ -106,6 +106,11 @@ inline bool runs_on_wgmma(const BatchedGemm<float>& g) { return g.n >= 64 && !g.
 // 162 KB, runs where it fits).
 DPMLP_CUDA_ENTRY bool f16x3_here();
 
+// Whether their wgmma form (gemm_f16x3::gemm_wgmma) runs here: compiled (DPMLP_HAVE_F16X3_WGMMA, in
+// dpmlp_cuda_kernels, on CUDA builds for Hopper) and the device of compute capability 9.0; it then takes the
+// 3xFP16 GEMMs whose planes are the layouts wgmma reads. The plan records it (EnginePlan::gemm_wgmma).
+DPMLP_CUDA_ENTRY bool f16x3_wgmma_here();
+
 // Whether g (one that takes() accepts) runs on them: where it asks to (BatchedGemm::f16x3, which the layered
 // engine sets from EnginePlan::gemm_f16x3: their bits differ from CUTLASS's), at n >= 64. Decided from the
 // request, n and the device only, never from m or the batch count.

@@ -223,13 +223,13 @@ inline void f16x3_gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, c
     if (s != cudaSuccess) throw CommError(std::string("dpmlp: 3xFP16 GEMM, splitting B: ") + cudaGetErrorString(s));
     b_split = static_cast<const unsigned char*>(g.workspace);
   }
-#if defined(DPMLP_HAVE_WGMMA)
+#if defined(DPMLP_HAVE_F16X3_WGMMA)
   // Hopper: the GEMMs whose planes are wgmma's layouts (rows x weights with op(B) split beforehand or op T;
   // T N) in the kernels' wgmma form (the same splits, products and order of sums). Its T N form has only the
   // 64 x 64 tile: where the large tile applies, the mma.sync form's 128 x 128 tiles, which read each operand
   // half as often, are the faster.
   const bool on_wgmma =
-      (g.op_a == Op::N ? b_split != nullptr || g.op_b == Op::T : g.op_b == Op::N && !large) && wgmma_here();
+      (g.op_a == Op::N ? b_split != nullptr || g.op_b == Op::T : g.op_b == Op::N && !large) && f16x3_wgmma_here();
 #endif
   in_launch_chunks(g, [&](const BatchedGemm<float>& part, std::int64_t) {
     f::Params p;
@@ -237,7 +237,7 @@ inline void f16x3_gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, c
     p.b_split = b_split;
     const int batch = static_cast<int>(part.batch);
     const bool a_n = g.op_a == Op::N, b_t = g.op_b == Op::T;
-#if defined(DPMLP_HAVE_WGMMA)  // (gemm_wgmma exists only there: not named at all elsewhere)
+#if defined(DPMLP_HAVE_F16X3_WGMMA)  // (gemm_wgmma exists only there: not named at all elsewhere)
     const cudaError_t s = on_wgmma ? f::gemm_wgmma(space.cuda_stream(), p, batch, a_n, b_t, out, large)
                                    : f::gemm(space.cuda_stream(), p, batch, a_n, b_t, out, large);
 #else
@@ -261,6 +261,14 @@ DPMLP_CUDA_ENTRY bool f16x3_here() {
 DPMLP_CUDA_ENTRY bool wgmma_here() {
 #if defined(DPMLP_HAVE_WGMMA)
   return backend::sm90a_device();
+#else
+  return false;
+#endif
+}
+
+DPMLP_CUDA_ENTRY bool f16x3_wgmma_here() {
+#if defined(DPMLP_HAVE_F16X3_WGMMA)
+  return backend::sm90a_device() && f16x3_here();
 #else
   return false;
 #endif
