@@ -260,8 +260,8 @@ struct Result {
   std::vector<double> ms;
   dpmlp::TrainResult last;
   std::string params_digest, error;
-  dpmlp::EnginePlan plan;
-  std::int64_t block_rows = 0, steps = 0;
+  dpmlp::EnginePlan plan;  // what the timed steps ran (in epoch mode, the batches' plan)
+  std::int64_t steps = 0;
 };
 
 template <class Comm, class Optimizer, class Scalar>
@@ -279,7 +279,6 @@ Result time_runs(MPI_Comm comm, const Options& o, const Optimizer& optimizer) {
   Trainer first(comm, model, o.rows, optimizer, topt);
   const auto data = make_data<Scalar>(space, first.shard(), o.widths.front(), o.widths.back());
   res.plan = first.engine_plan();
-  res.block_rows = first.block_rows();
   first.set_data(data.x, data.y);
   auto run = [&](Trainer& t, int count) {
     return epochs ? t.train_epochs(count, o.batch, o.seed) : t.train(count);
@@ -298,10 +297,7 @@ Result time_runs(MPI_Comm comm, const Options& o, const Optimizer& optimizer) {
       res.last = run(trainer, epochs ? o.epochs : o.steps);
       MPI_Barrier(comm);
       res.ms.push_back(now_ms() - t0);
-      if (epochs && trainer.batch_plan() != nullptr) {  // what the batches ran, not the full batch's plan
-        res.plan = *trainer.batch_plan();
-        res.block_rows = res.plan.block_rows;
-      }
+      if (epochs && trainer.batch_plan() != nullptr) res.plan = *trainer.batch_plan();
       if (r + 1 == o.repeats) res.params_digest = dpmlp::hex16(dpmlp::digest(m.params()));
     }
   } catch (const dpmlp::TrainingError& e) {
@@ -341,7 +337,7 @@ int bench(const Options& o, const Optimizer& optimizer) {
             ", \"gemm_wgmma\": " + (r.plan.gemm_wgmma ? "true" : "false") +
             ", \"gemm_split\": " + (r.plan.gemm_split ? "true" : "false") +
             ", \"gemm_f16x3\": " + (r.plan.gemm_f16x3 ? "true" : "false") +
-            ", \"block_rows\": " + std::to_string(r.block_rows) + ", \"graph\": " + (o.graph ? "true" : "false") +
+            ", \"block_rows\": " + std::to_string(r.plan.block_rows) + ", \"graph\": " + (o.graph ? "true" : "false") +
             ", \"repeats\": " + std::to_string(o.repeats) + ", \"times_ms\": [";
     for (std::size_t i = 0; i < r.ms.size(); ++i) line += (i ? ", " : "") + json_number(r.ms[i], "%.3f");
     line += "], \"median_ms\": " + json_number(med, "%.3f");
