@@ -124,18 +124,6 @@ TEST_CASE("the plan resolves the engine from the model and the space", "[plan]")
     // automatic: on from 2^16 global rows a step where they can run, whatever the rank count (the bits must
     // not depend on it), and off wherever they cannot (not refused).
     constexpr std::int64_t many = dpmlp::detail::f16x3_rows;
-    // A default CUDA build for Hopper: the 3xFP16 GEMMs' wgmma form, not the wgmma 3xTF32 kernels. Its steps
-    // with the 3xFP16 GEMMs run that form; the others CUTLASS's kernels, not wgmma ones.
-    dpmlp::EngineCaps hopper_default = f16;
-    hopper_default.gemm_reproducible = dpmlp::linalg::Backend::cutlass;
-    hopper_default.f16x3_on_wgmma = true;
-    CHECK(plan(shape({32, 256, 256, 1}), many, {}, 1, hopper_default).gemm_f16x3);
-    CHECK(plan(shape({32, 256, 256, 1}), many, {}, 1, hopper_default).gemm_wgmma);
-    CHECK(plan(shape({32, 256, 256, 1}), many, {}, 1, hopper_default).describe().find("3xFP16 on wgmma") !=
-          std::string::npos);
-    CHECK(!plan(shape({32, 256, 256, 1}), many - 1, {}, 1, hopper_default).gemm_wgmma);
-    CHECK(plan(shape({32, 256, 256, 1}), many - 1, {}, 1, hopper_default).sums_key() ==
-          plan(shape({32, 256, 256, 1}), many - 1, cutlass, 1, f16).sums_key());
     dpmlp::EngineCaps f16_cutlass = f16;  // the CUDA build's default GEMMs
     f16_cutlass.gemm_reproducible = dpmlp::linalg::Backend::cutlass;
     for (int ranks : {1, 2, 3, 16}) {
@@ -159,6 +147,17 @@ TEST_CASE("the plan resolves the engine from the model and the space", "[plan]")
     dpmlp::EngineCaps split_f16 = f16_cutlass;                // split operands take the forward and delta GEMMs
     split_f16.split_operands = true;
     CHECK(!plan(shape({32, 256, 256, 1}), many, {}, 1, split_f16).gemm_f16x3);
+    // A default CUDA build for Hopper: the 3xFP16 GEMMs' wgmma form, not the wgmma 3xTF32 kernels. Its steps
+    // with the 3xFP16 GEMMs run that form; the others CUTLASS's kernels, not wgmma ones.
+    dpmlp::EngineCaps hopper_default = f16_cutlass;
+    hopper_default.f16x3_on_wgmma = true;
+    CHECK(plan(shape({32, 256, 256, 1}), many, {}, 1, hopper_default).gemm_f16x3);
+    CHECK(plan(shape({32, 256, 256, 1}), many, {}, 1, hopper_default).gemm_wgmma);
+    CHECK(plan(shape({32, 256, 256, 1}), many, {}, 1, hopper_default).describe().find("3xFP16 on wgmma") !=
+          std::string::npos);
+    CHECK(!plan(shape({32, 256, 256, 1}), many - 1, {}, 1, hopper_default).gemm_wgmma);
+    CHECK(plan(shape({32, 256, 256, 1}), many - 1, {}, 1, hopper_default).sums_key() ==
+          plan(shape({32, 256, 256, 1}), many - 1, cutlass, 1, f16).sums_key());
     // Refused, with the reason, where they cannot run.
     CHECK_THROWS_WITH(plan(shape({32, 256, 256, 1}), 20000, f16_on), Catch::Contains("compute capability 8.0"));
     dpmlp::EngineOptions f16_portable = portable;
