@@ -182,11 +182,10 @@ TEST_CASE("both local reductions (in team scratch, in place) give the same bits"
           Kokkos::deep_copy(a, h);
           Kokkos::deep_copy(b, h);
           dpmlp::BlockTreeReducer<Space, double> reducer(plan, width, mode);
-          // A copy of what a path staged: a host mirror of a host View is that View, so on a host space the
-          // second path's sums would overwrite the first's before the comparison.
+          // A copy of what a path staged (create_mirror always allocates; a mirror *view* of a host View is
+          // that View, so on a host space the second path's sums would overwrite the first's).
           const auto staged = [&reducer] {
-            Kokkos::View<double**, Kokkos::LayoutRight, Kokkos::HostSpace> copy("staged", reducer.staged().extent(0),
-                                                                                  reducer.staged().extent(1));
+            auto copy = Kokkos::create_mirror(Kokkos::HostSpace(), reducer.staged());
             Kokkos::deep_copy(copy, reducer.staged());
             return copy;
           };
