@@ -160,22 +160,25 @@ TEST_CASE("the device reducer matches the simulation on one rank", "[reduction]"
   }
 }
 
-TEST_CASE("both local reductions (in team scratch, in place) give the same bits", "[reduction]") {
+TEST_CASE("the local reductions (in team scratch, in place, held in registers) give the same bits", "[reduction]") {
   using Space = Kokkos::DefaultExecutionSpace;
   using Matrix = Kokkos::View<double**, Kokkos::LayoutRight, Space::memory_space>;
   // Narrow partial sums over many blocks, and wide ones over few (the blocks of a mini-batch of a deep model):
-  // on a GPU, teams of 32, 64, 128 and 256 columns.
+  // on a GPU, teams of 32, 64, 128 and 256 columns; and subtrees of at most 16 blocks (held in registers),
+  // whole (48 rows: 16 blocks) and ragged (39 rows: 13).
   struct Shape {
     std::int64_t rows, width;
   };
-  for (const Shape shape : {Shape{10000, 37}, Shape{96, 70000}, Shape{96, 140000}, Shape{60, 262200}}) {
+  int held_runs = 0;
+  for (const Shape shape : {Shape{10000, 37}, Shape{96, 70000}, Shape{96, 140000}, Shape{60, 262200},
+                            Shape{48, 140000}, Shape{39, 1000}}) {
     for (int size : {1, 3}) {
       for (int rank : {0, size - 1}) {
         for (auto mode : {dpmlp::Reduction::reproducible, dpmlp::Reduction::fast}) {
           const dpmlp::BlockTreePlan plan(shape.rows, 3, rank, size);
           const std::int64_t nb = plan.shard().local_blocks(), width = shape.width;
           Matrix a("a", nb, width), b("b", nb, width);
-          auto h = Kokkos::create_mirror_view(a);
+          auto h = Kokkos::create_mirror(a);  // not a view of a, which the first path reduces in place
           for (std::int64_t i = 0; i < nb; ++i) {
             for (std::int64_t p = 0; p < width; ++p) h(i, p) = std::sin(0.37 * i + 1.3 * p) * 1e3 + 1.0 / (1 + i);
           }
@@ -197,10 +200,19 @@ TEST_CASE("both local reductions (in team scratch, in place) give the same bits"
                        << ", " << plan.local_nodes().size() << " subtrees, width " << width);
           REQUIRE(in_place.extent(0) == in_scratch.extent(0));
           CHECK(std::memcmp(in_place.data(), in_scratch.data(), in_place.span() * sizeof(double)) == 0);
+          if (reducer.widest_subtree() <= reducer.held_blocks) {
+            Matrix c("c", nb, width);
+            Kokkos::deep_copy(c, h);
+            reducer.reduce_local_held(Space(), c);
+            const auto held = staged();
+            CHECK(std::memcmp(in_place.data(), held.data(), in_place.span() * sizeof(double)) == 0);
+            ++held_runs;
+          }
         }
       }
     }
   }
+  CHECK(held_runs >= 8);  // the held path ran, whole and ragged, on one rank and on three
 }
 
 namespace {

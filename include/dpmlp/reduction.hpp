@@ -281,10 +281,12 @@ class BlockTreeReducer {
   // launch fewer a step: the trainer applies its optimizer update here). f is a device functor.
   template <class Comm, class F>
   void reduce_apply(const ExecSpace& space, const matrix& partials, const Comm& comm, const F& f) const {
-    if (plan_.size() == 1 && scratch_cols_ > 0 && local_subtrees() == 1) {
+    if (plan_.size() == 1 && local_subtrees() == 1) {
       // One rank, one tree: its root is the total, and f runs where the tree ends (one launch fewer).
-      reduce_local_in_scratch(space, partials, f);
-      return;
+      if constexpr (!is_host_space<ExecSpace>()) {
+        if (scratch_rows_ <= held_blocks) return reduce_local_held(space, partials, f);
+      }
+      if (scratch_cols_ > 0) return reduce_local_in_scratch(space, partials, f);
     }
     reduce_local(space, partials);
     if (uses_tree()) {
@@ -308,6 +310,27 @@ class BlockTreeReducer {
     KOKKOS_INLINE_FUNCTION void operator()(std::int64_t, Scalar) const {}
   };
 
+  // Where this rank's subtrees lie among its blocks, for the local kernels (copied into them by value):
+  // subtree i covers blocks [first(i), first(i) + blocks(i)). Fast mode: one subtree of all local blocks.
+  struct Subtrees {
+    Kokkos::View<std::int64_t*, memory_space> lo;
+    Kokkos::View<int*, memory_space> level;
+    std::int64_t local_blocks = 0;
+    bool fast = false;
+    int count = 0;
+    KOKKOS_INLINE_FUNCTION std::int64_t first(int i) const { return fast ? 0 : lo(i); }
+    KOKKOS_INLINE_FUNCTION std::int64_t blocks(int i) const {
+      const std::int64_t l = first(i), span = fast ? local_blocks : (std::int64_t(1) << level(i));
+      return l + span < local_blocks ? span : local_blocks - l;
+    }
+  };
+  Subtrees subtrees() const {
+    return Subtrees{node_lo_, node_level_, plan_.shard().local_blocks(), mode_ == Reduction::fast, local_subtrees()};
+  }
+
+  // The most blocks a subtree may have for reduce_local_held: one thread holds them all in registers.
+  static constexpr int held_blocks = 16;
+
  // Public only because CUDA's extended lambdas may not live in private member functions.
   // Sums each local subtree in the canonical shape, in place, then stages the subtree sums in send_ (unused
   // slots zero). Fast mode sums all local blocks into slot 0.
@@ -316,11 +339,45 @@ class BlockTreeReducer {
       reduce_local_host(space, partials);
       return;
     }
-    if (scratch_cols_ > 0) {
+    if (scratch_rows_ <= held_blocks) {
+      reduce_local_held(space, partials);
+    } else if (scratch_cols_ > 0) {
       reduce_local_in_scratch(space, partials);
     } else {
       reduce_local_in_place(space, partials);
     }
+  }
+
+  // Subtrees of at most held_blocks blocks (the blocks of a mini-batch, or of a rank's share of one): a thread
+  // a column holds each subtree's values in registers, every load in flight at once, and sums them pairwise
+  // there (detail::tree::sum_held: the levels' pairs in the same order as reduce_local_in_place, so the same
+  // bits), with no scratch and no barriers. With f, as reduce_local_in_scratch. Any space (the trainer takes
+  // it on device spaces; host spaces run reduce_local_host).
+  template <class F = NoApply>
+  void reduce_local_held(const ExecSpace& space, const matrix& partials, const F& f = F()) const {
+    const Subtrees st = subtrees();
+    if (st.count == 0) return;  // unused slots were zeroed once, at construction
+    if (scratch_rows_ > held_blocks) throw std::logic_error("dpmlp::BlockTreeReducer: a subtree too wide to hold");
+    const auto P = partials;
+    const auto send = send_;
+    Kokkos::parallel_for(
+        "dpmlp::tree_reduce_local_held", compat::light_weight(Kokkos::RangePolicy<ExecSpace>(space, 0, width_)),
+        KOKKOS_LAMBDA(const std::int64_t c) {
+          for (int i = 0; i < st.count; ++i) {
+            const std::int64_t lo = st.first(i);
+            const int n = static_cast<int>(st.blocks(i));
+            Scalar v[held_blocks];
+            DPMLP_TREE_UNROLL
+            for (int b = 0; b < held_blocks; ++b) v[b] = b < n ? P(lo + b, c) : Scalar(0);
+            if (n == held_blocks) {
+              detail::tree::sum_held<true>(v, n);
+            } else {
+              detail::tree::sum_held<false>(v, n);
+            }
+            send(i, c) = v[0];
+            f(c, v[0]);
+          }
+        });
   }
 
   // One team per (subtree, chunk of columns): the team copies the subtree's rows of its columns into team
@@ -336,11 +393,8 @@ class BlockTreeReducer {
     using member = typename policy::member_type;
     const auto P = partials;
     const auto send = send_;
-    const auto lo_v = node_lo_;
-    const auto level_v = node_level_;
-    const std::int64_t local_blocks = plan_.shard().local_blocks();
-    const bool fast = mode_ == Reduction::fast;
-    const int nodes = local_subtrees();
+    const Subtrees st = subtrees();
+    const int nodes = st.count;
     const std::int64_t W = width_;
     const int cw_max = scratch_cols_;
     const std::int64_t chunks = (W + cw_max - 1) / cw_max;
@@ -358,9 +412,8 @@ class BlockTreeReducer {
           const int i = static_cast<int>(team.league_rank() / chunks);
           const std::int64_t c0 = (team.league_rank() % chunks) * cw_max;
           const int cw = W - c0 < cw_max ? static_cast<int>(W - c0) : cw_max;
-          const std::int64_t lo = fast ? 0 : lo_v(i);
-          const std::int64_t span = fast ? local_blocks : (std::int64_t(1) << level_v(i));
-          const int n = static_cast<int>(lo + span < local_blocks ? span : local_blocks - lo);
+          const std::int64_t lo = st.first(i);
+          const int n = static_cast<int>(st.blocks(i));
           Scalar* sh = static_cast<Scalar*>(team.team_scratch(0).get_shmem(bytes));
           // Logical threads (lane, c), cw_max of them a lane; a short team loops over them. A thread's copies
           // are all in flight at once (detail::async_copy: cp.async on GPUs that have it): loads into
@@ -395,11 +448,8 @@ class BlockTreeReducer {
   void reduce_local_host(const ExecSpace& space, const matrix& partials, const F& f = F()) const {
     const auto P = partials;
     const auto send = send_;
-    const auto lo_v = node_lo_;
-    const auto level_v = node_level_;
-    const std::int64_t local_blocks = plan_.shard().local_blocks();
-    const bool fast = mode_ == Reduction::fast;
-    const int nodes = local_subtrees();
+    const Subtrees st = subtrees();
+    const int nodes = st.count;
     const int slots = static_cast<int>(send_.extent(0));
     const std::int64_t W = width_;
     constexpr std::int64_t chunk = 512;
@@ -408,9 +458,7 @@ class BlockTreeReducer {
         "dpmlp::tree_reduce_local_host", Kokkos::RangePolicy<ExecSpace>(space, 0, chunks), [=](const std::int64_t k) {
           const std::int64_t c0 = k * chunk, c1 = c0 + chunk < W ? c0 + chunk : W;
           for (int i = 0; i < nodes; ++i) {
-            const std::int64_t lo = fast ? 0 : lo_v(i);
-            const std::int64_t span = fast ? local_blocks : (std::int64_t(1) << level_v(i));
-            const std::int64_t n = lo + span < local_blocks ? span : local_blocks - lo;
+            const std::int64_t lo = st.first(i), n = st.blocks(i);
             for (std::int64_t stride = 1; stride < n; stride *= 2) {
               for (std::int64_t g = 0; g + stride < n; g += 2 * stride) {
                 Scalar* dst = &P(lo + g, 0);
@@ -434,11 +482,8 @@ class BlockTreeReducer {
     using member = typename policy::member_type;
     const auto P = partials;
     const auto send = send_;
-    const auto lo_v = node_lo_;
-    const auto level_v = node_level_;
-    const std::int64_t local_blocks = plan_.shard().local_blocks();
-    const bool fast = mode_ == Reduction::fast;
-    const int nodes = local_subtrees();
+    const Subtrees st = subtrees();
+    const int nodes = st.count;
     const int slots = static_cast<int>(send_.extent(0));
     const std::int64_t W = width_;
     constexpr int chunk = 32;  // columns a team owns: a warp's worth of consecutive addresses
@@ -452,9 +497,7 @@ class BlockTreeReducer {
           const int cw = W - c0 < chunk ? static_cast<int>(W - c0) : chunk;
           const int T = team.team_size(), me = team.team_rank();
           for (int i = 0; i < nodes; ++i) {
-            const std::int64_t lo = fast ? 0 : lo_v(i);
-            const std::int64_t span = fast ? local_blocks : (std::int64_t(1) << level_v(i));
-            const std::int64_t hi = lo + span < local_blocks ? lo + span : local_blocks;
+            const std::int64_t lo = st.first(i), hi = lo + st.blocks(i);
             for (std::int64_t stride = 1; lo + stride < hi; stride *= 2) {
               const std::int64_t pairs = detail::tree::level_pairs(hi - lo, stride);
               for (std::int64_t w = me; w < pairs * cw; w += T) {
