@@ -680,7 +680,7 @@ class BlockEngine {
                          Scalar* dn_lo) const {
     const matrix part = partials_;
     const std::int64_t block = plan_.block_rows, rows = rows_;
-    constexpr int U = 8;  // rows a lane loads before it stores
+    constexpr int U = 16;  // rows a lane loads before it stores
     const ColumnTeams teams(n_in);
     const int C = teams.C, lanes = teams.lanes, chunks = teams.chunks;
     using policy_t = Kokkos::TeamPolicy<ExecSpace>;
