@@ -304,8 +304,8 @@ DPMLP_CUDA_ENTRY void gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& 
     // Per-block weight gradients: n_in x n_out outputs a block, k the block's rows; C element by element.
     // Large tiles where they still give every multiprocessor a tile (few long blocks, as in a mini-batch,
     // would leave most of them idle).
-    // At most 32 outputs a column (a first layer's inputs) and few blocks (a mini-batch): 32 x 32 tiles of two
-    // warps, twice the CTAs of half-empty 64 x 64 ones. The tile shape changes no bits (only k-tiles would).
+    // At most 32 rows of C (a first layer's inputs) over few blocks (a mini-batch): 32 x 32 tiles of two warps,
+    // twice the CTAs of half-empty 64 x 64 ones. The tile shape changes no bits (only k-tiles would).
     const std::int64_t large_tiles = g.batch * ((g.m + 127) / 128) * ((g.n + 127) / 128);
     const std::int64_t tiles64 = g.batch * ((g.m + 63) / 64) * ((g.n + 63) / 64);
     if (g.m >= 128 && g.n >= 128 && large_tiles >= backend::cuda_device().sms) {
