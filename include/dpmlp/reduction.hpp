@@ -283,10 +283,11 @@ class BlockTreeReducer {
   void reduce_apply(const ExecSpace& space, const matrix& partials, const Comm& comm, const F& f) const {
     if (plan_.size() == 1 && local_subtrees() == 1) {
       // One rank, one tree: its root is the total, and f runs where the tree ends (one launch fewer).
-      if constexpr (!is_host_space<ExecSpace>()) {
-        if (scratch_rows_ <= held_blocks) return reduce_local_held(space, partials, f);
+      switch (local_kernel()) {
+        case LocalKernel::held: return reduce_local_held(space, partials, f);
+        case LocalKernel::in_scratch: return reduce_local_in_scratch(space, partials, f);
+        case LocalKernel::in_place: break;  // takes no f: the combine applies it
       }
-      if (scratch_cols_ > 0) return reduce_local_in_scratch(space, partials, f);
     }
     reduce_local(space, partials);
     if (uses_tree()) {
@@ -331,6 +332,15 @@ class BlockTreeReducer {
   // The most blocks a subtree may have for reduce_local_held: one thread holds them all in registers.
   static constexpr int held_blocks = 16;
 
+  // Which kernel sums the local subtrees on a device space (host spaces run reduce_local_host, which
+  // reduce_local_in_scratch also redirects to): in registers where every subtree fits, else in team scratch
+  // where a team's scratch holds a subtree's columns, else in place.
+  enum class LocalKernel { held, in_scratch, in_place };
+  LocalKernel local_kernel() const {
+    if (!is_host_space<ExecSpace>() && scratch_rows_ <= held_blocks) return LocalKernel::held;
+    return scratch_cols_ > 0 ? LocalKernel::in_scratch : LocalKernel::in_place;
+  }
+
  // Public only because CUDA's extended lambdas may not live in private member functions.
   // Sums each local subtree in the canonical shape, in place, then stages the subtree sums in send_ (unused
   // slots zero). Fast mode sums all local blocks into slot 0.
@@ -339,12 +349,10 @@ class BlockTreeReducer {
       reduce_local_host(space, partials);
       return;
     }
-    if (scratch_rows_ <= held_blocks) {
-      reduce_local_held(space, partials);
-    } else if (scratch_cols_ > 0) {
-      reduce_local_in_scratch(space, partials);
-    } else {
-      reduce_local_in_place(space, partials);
+    switch (local_kernel()) {
+      case LocalKernel::held: reduce_local_held(space, partials); break;
+      case LocalKernel::in_scratch: reduce_local_in_scratch(space, partials); break;
+      case LocalKernel::in_place: reduce_local_in_place(space, partials); break;
     }
   }
 
