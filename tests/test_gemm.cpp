@@ -471,6 +471,19 @@ TEST_CASE("3xFP16 layout: every value stored once, and ldmatrix gives each MMA i
     check_f16x3_tile<false, 64>();
     check_f16x3_tile<false, 128>();
   }
+  SECTION("k-major: a 128-wide plane is two 64-wide ones, 4096 bytes apart (wgmma's MN-major atoms)") {
+    namespace L = dpmlp::backend::f16x3_layout;
+    int bad = 0;
+    for (int f = 0; f < 128; ++f) {
+      for (int k = 0; k < L::k_tile; ++k) {
+        bad += L::plane_at<false, 128>(f, k) != (f / 64) * 2048 + L::plane_at<false, 64>(f % 64, k);
+        // An atom's row k: 64 halves (128 bytes) at 64 k, the 16-byte chunk c of eight free values at c ^ (k % 8).
+        bad += L::plane_at<false, 64>(f % 64, k) != 64 * k + ((((f % 64) / 8) ^ (k % 8)) * 8) + f % 8;
+      }
+    }
+    CHECK(L::k_major_atom == 2048);
+    CHECK(bad == 0);
+  }
   SECTION("free-major: a lane's ldmatrix row 16 j further on lies 512 j halves further (the kernels' offsets)") {
     namespace L = dpmlp::backend::f16x3_layout;
     int bad = 0;

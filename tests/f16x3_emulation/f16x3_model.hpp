@@ -18,10 +18,11 @@
 //     (generate.py records those);
 //   - wgmma.mma_async.m64nNk16.f32.f16.f16 (the wgmma form; N 64 or 128) with both operands in shared memory:
 //     the descriptor decoded (K-major, 64-byte swizzle: element (row, k) of a k16 step at start + (row / 8) SBO
-//     + (row % 8) 64 + 2 k bytes, address bits 4-5 XOR bits 7-8; or, both transposed (m64n64k16 only), MN-major
-//     with the 128-byte swizzle: (row, k) at start + 2 row + 128 (k % 8) + (k / 8) SBO, bits 4-6 XOR bits 7-9,
-//     for rows below 64; any other layout type, base offset, leading
-//     byte offset or reserved bit fails, as does a read outside the CTA's shared memory), each element's sum
+//     + (row % 8) 64 + 2 k bytes, address bits 4-5 XOR bits 7-8; or, both transposed, MN-major with the
+//     128-byte swizzle: (row, k) at start + (row / 64) LBO + 2 (row % 64) + 128 (k % 8) + (k / 8) SBO, bits
+//     4-6 XOR bits 7-9, where an operand wider than 64 needs an LBO of whole 1024-byte patterns; any other
+//     layout type, base offset, leading byte offset or reserved bit fails, as does a read outside the CTA's
+//     shared memory), each element's sum
 //     as mma16816's (the accumulator, or zero where scale-d is 0, then the 16 exact products in k order,
 //     rounded once to fp32: the wgmma form's bits are then comparable with the mma.sync form's), the thread's
 //     accumulator registers mapped as CuTe's CLayout_64xN maps them (thread index mod 128: a CTA may hold two
@@ -227,8 +228,8 @@ inline std::atomic<long long> count{0};  // MMAs issued, for a test to see that 
 
 // Element (row, k) of the 16-wide k step a descriptor names: K-major (64-byte swizzle) or, transposed,
 // MN-major with the 128-byte swizzle, ((8, 8, m), (8, k)) : ((1, 8, LBO), (64, SBO)) in halves (CuTe's canonical
-// layout: eight 16-byte chunks of eight free indices a 128-byte row of one k, eight k an atom), the address's
-// bits 4-6 XOR bits 7-9; the model takes 64 free indices (one atom wide, so LBO unused).
+// layout: eight 16-byte chunks of eight free indices a 128-byte row of one k, eight k an atom, atoms LBO apart
+// along the free index), the address's bits 4-6 XOR bits 7-9.
 inline float operand(std::uint64_t desc, int row, int k, bool transposed = false) {
   // The fields: start address (bits 0-13), leading byte offset (16-29), stride byte offset (32-45), both in 16
   // bytes; base offset (49-51); layout type (62-63). The rest is reserved (zero).
@@ -237,16 +238,18 @@ inline float operand(std::uint64_t desc, int row, int k, bool transposed = false
   const unsigned lbo = unsigned((desc >> 16) & 0x3FFF), base_offset = unsigned(desc >> 49) & 7;
   const unsigned layout = unsigned(desc >> 62);
   // Layout type 2: the 64-byte swizzle (type 1, the 128-byte one, transposed). The leading byte offset is unused
-  // with a swizzle (at 64 free indices, transposed) and assumed 1 (CuTe's GmmaDescriptor); a base offset other
-  // than 0 would shift the swizzle's pattern, which is not modelled.
-  if (layout != (transposed ? 1u : 2u) || base_offset != 0 || lbo != 1 || (desc & ~fields) != 0) {
+  // K-major with a swizzle and assumed 1 (CuTe's GmmaDescriptor); transposed, it is 1 or whole 1024-byte
+  // patterns (1 where the operand is one atom wide: past row 63 that fails below). A base offset other than 0
+  // would shift the swizzle's pattern, which is not modelled.
+  const bool lbo_ok = lbo == 1 || (transposed && lbo % 64 == 0);
+  if (layout != (transposed ? 1u : 2u) || base_offset != 0 || !lbo_ok || (desc & ~fields) != 0) {
     fail(transposed ? "a transposed FP16 wgmma descriptor of another than the MN-major 128-byte swizzle form"
                     : "an FP16 wgmma descriptor of another than the 64-byte swizzle form");
   }
   unsigned b;
   if (transposed) {
-    if (row >= 64) fail("a transposed FP16 wgmma over more than 64 free indices");
-    b = start + 2 * (row % 8) + 16 * (row / 8) + 128 * (k % 8) + (k / 8) * sbo;
+    if (row >= 64 && lbo == 1) fail("a transposed FP16 wgmma over more than 64 free indices with no atom stride");
+    b = start + (row / 64) * (lbo << 4) + 2 * (row % 8) + 16 * ((row / 8) % 8) + 128 * (k % 8) + (k / 8) * sbo;
     b ^= ((b >> 7) & 7) << 4;
   } else {
     b = start + (row / 8) * sbo + (row % 8) * 64 + k * 2;

@@ -47,7 +47,7 @@ WGMMA_PRIMITIVES = (
     "__device__ __forceinline__ void fence_registers(float (&d)[R]) {\n"
     "#pragma unroll\n"
     '  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");\n}\n'
-    + wgmma_f16(64) + wgmma_f16(128) + wgmma_f16(64, True))
+    + wgmma_f16(64) + wgmma_f16(128) + wgmma_f16(64, True) + wgmma_f16(128, True))
 
 # Their stand-ins.
 WGMMA_MODEL = """inline void fence_proxy_async() { emulation::fence_proxy_async(); }
@@ -66,6 +66,9 @@ inline void wgmma_f16(float (&d)[64], std::uint64_t da, std::uint64_t db, int sc
   emulation::wgmma16::mma(d, da, db, scale_d);
 }
 inline void wgmma_f16_t(float (&d)[32], std::uint64_t da, std::uint64_t db, int scale_d) {
+  emulation::wgmma16::mma(d, da, db, scale_d, true);
+}
+inline void wgmma_f16_t(float (&d)[64], std::uint64_t da, std::uint64_t db, int scale_d) {
   emulation::wgmma16::mma(d, da, db, scale_d, true);
 }
 """

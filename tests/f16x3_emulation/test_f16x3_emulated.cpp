@@ -139,7 +139,7 @@ void check_both_tiles(const Case& t, unsigned seed, bool pre_b_large = false) {
 }
 
 // Case t on the wgmma form: every way it takes t (rows x weights, op(B) N: split beforehand; op T: split
-// beforehand or in every CTA; T N: the small tile, whatever `tiles` says), on the tiles `tiles` lists, with its
+// beforehand or in every CTA; T N), on the tiles `tiles` lists, with its
 // MMAs run at their wait and when issued; each fp32-accurate, nothing written outside C, and the bits of gemm()
 // (the mma.sync form, small tiles, op(B) split in every CTA: the bits the tests above hold every other way to)
 // on the same data.
@@ -192,11 +192,9 @@ TEST_CASE("3xFP16 kernels (emulated): every layout and epilogue at fp32 accuracy
   for (std::size_t i = 0; i < cases.size(); ++i) check_both_tiles(cases[i], 1, i == 0 || i == 3);
 }
 
-TEST_CASE("3xFP16 wgmma form (emulated): gemm()'s bits on every rows x weights GEMM, whenever its MMAs read",
+TEST_CASE("3xFP16 wgmma form (emulated): gemm()'s bits on every GEMM it takes, both tiles, whenever its MMAs read",
           "[f16x3][wgmma]") {
-  for (const Case& t : layout_cases()) {
-    check_wgmma(t, 1, t.op_a == Op::T ? std::initializer_list<bool>{false} : std::initializer_list<bool>{false, true});
-  }
+  for (const Case& t : layout_cases()) check_wgmma(t, 1);
 }
 
 TEST_CASE("3xFP16 wgmma form: the GEMMs it does not take", "[f16x3][wgmma]") {
@@ -320,4 +318,5 @@ TEST_CASE("3xFP16 wgmma form (emulated): small GEMMs in both MMA timings", "[f16
   check_wgmma({Op::N, Op::T, 64, 64, 196, 1, 2, Activation::tanh, 1.0f, 0.0f}, 3, {false});
   check_wgmma({Op::N, Op::T, 128, 128, 196, 1, 0, Activation::identity, 1.0f, 0.0f}, 3, {true});  // two warpgroups
   check_wgmma({Op::T, Op::N, 64, 64, 196, 1, 0, Activation::identity, 1.0f, 0.0f}, 3, {false});
+  check_wgmma({Op::T, Op::N, 128, 128, 196, 1, 0, Activation::identity, 1.0f, 0.0f}, 3, {true});  // two atoms
 }

@@ -225,11 +225,9 @@ inline void f16x3_gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, c
   }
 #if defined(DPMLP_HAVE_F16X3_WGMMA)
   // Hopper: the GEMMs whose planes are wgmma's layouts (rows x weights with op(B) split beforehand or op T;
-  // T N) in the kernels' wgmma form (the same splits, products and order of sums). Its T N form has only the
-  // 64 x 64 tile: where the large tile applies, the mma.sync form's 128 x 128 tiles, which read each operand
-  // half as often, are the faster.
+  // T N) in the kernels' wgmma form (the same splits, products and order of sums).
   const bool on_wgmma =
-      (g.op_a == Op::N ? b_split != nullptr || g.op_b == Op::T : g.op_b == Op::N && !large) && f16x3_wgmma_here();
+      (g.op_a == Op::N ? b_split != nullptr || g.op_b == Op::T : g.op_b == Op::N) && f16x3_wgmma_here();
 #endif
   in_launch_chunks(g, [&](const BatchedGemm<float>& part, std::int64_t) {
     f::Params p;

@@ -8,8 +8,10 @@
 //   free-major (the operand's k contiguous in memory): row f is 32 halves, four 16-byte chunks of 8 k, chunk
 //     c stored at slot c ^ ((f / 2) % 4), so the eight rows an ldmatrix reads at one chunk fall in eight
 //     distinct 16-byte bank groups;
-//   k-major (its free dimension contiguous): row k is F halves, chunk c (8 free values) at slot c ^ (k % 8),
-//     likewise for ldmatrix.trans's eight k rows.
+//   k-major (its free dimension contiguous): atoms of 64 free values, one after another (F / 64 of them, 32 k
+//     x 128 bytes each); an atom's row k is its 64 halves, chunk c (8 free values) at slot c ^ (k % 8), likewise
+//     for ldmatrix.trans's eight k rows. An atom is wgmma's MN-major operand layout with the 128-byte swizzle,
+//     the atoms its repeats along the free index (the descriptor's leading byte offset: 4096 bytes).
 #pragma once
 
 #if defined(__CUDACC__)
@@ -23,6 +25,7 @@ namespace backend {
 namespace f16x3_layout {
 
 constexpr int k_tile = 32;  // k a k-tile: one chain of MMAs, one scale a row (column)
+constexpr int k_major_atom = 64 * k_tile;  // halves: a k-major plane's 64 free values over a k-tile
 
 // One GEMM's op(B) for the kernels to split ahead (gemm_f16x3::split_b_jobs, several in one launch): op(B) is
 // b (k x n, leading dimension ldb) or, where b_t, its transpose (b n x k); its split goes to out, in the format
@@ -38,8 +41,9 @@ struct SplitBJob {
 // Where (f, k) of a plane lives, in halves from its start.
 template <bool FreeMajor, int F>
 DPMLP_F16X3_HD constexpr int plane_at(int f, int k) {
+  static_assert(F % 64 == 0, "planes of whole 64-wide atoms");
   return FreeMajor ? f * k_tile + (((k >> 3) ^ ((f >> 1) & 3)) << 3) + (k & 7)
-                   : k * F + (((f >> 3) ^ (k & 7)) << 3) + (f & 7);
+                   : (f >> 6) * k_major_atom + k * 64 + ((((f >> 3) & 7) ^ (k & 7)) << 3) + (f & 7);
 }
 
 // op(B) split beforehand, shared by every CTA (gemm_f16x3::split_b, for GEMMs whose B every row shares): k-tile

@@ -599,18 +599,18 @@ __global__ void __launch_bounds__(128) split_b_jobs_kernel(const Job* jobs) {
 }
 
 // ---- The wgmma form (Hopper; compiled for sm_90a only, in src/cuda_wgmma.cu: gemm_wgmma()). The rows x
-// weights GEMMs (op(A) N; op(B)'s planes free-major: op T, or split beforehand) and T N on 64 x 64 tiles, with
-// the same copies, split and planes as gemm_kernel, whose free-major planes are wgmma's K-major operand layout
-// with the 64-byte swizzle (rows of 64 bytes, 16-byte chunk c at c ^ ((row / 2) % 4) of each 512-byte group of
-// eight rows) and whose 64-wide k-major planes its MN-major layout with the 128-byte swizzle (wgmma_descriptor,
+// weights GEMMs (op(A) N; op(B)'s planes free-major: op T, or split beforehand) and T N, with the same copies,
+// split and planes as gemm_kernel, whose free-major planes are wgmma's K-major operand layout with the 64-byte
+// swizzle (rows of 64 bytes, 16-byte chunk c at c ^ ((row / 2) % 4) of each 512-byte group of eight rows) and
+// whose k-major planes (64-wide atoms) its MN-major layout with the 128-byte swizzle (wgmma_descriptor,
 // wgmma_descriptor_mn); the warpgroup MMAs (m64nBNk16, both operands in shared memory) run asynchronously
-// beside the split, where
-// gemm_kernel's mma.sync issue from the same warps as the split. Warpgroup w takes rows 64 w ..+63 of the tile
-// and all its columns. A k-tile's six MMAs (each k16 step: lo*hi, hi*lo, hi*hi, gemm_kernel's order) sum in a
-// fresh accumulator, one of two that alternate: while k-tile kt's MMAs run, the thread splits k-tile kt + 1
-// and adds k-tile kt - 1's chain, times its scales, to the fp32 sums. Three stages of split A (kt - 1 and kt
-// being read, kt + 1 being written) and, with op(B) split beforehand, a ring of five split B k-tiles (issued
-// three ahead, so the slot a copy overwrites was last read two k-tiles before, by MMAs retired since).
+// beside the split, where gemm_kernel's mma.sync issue from the same warps as the split. Warpgroup w takes
+// rows 64 w ..+63 of the tile and all its columns. A k-tile's six MMAs (each k16 step: lo*hi, hi*lo, hi*hi,
+// gemm_kernel's order) sum in a fresh accumulator, one of two that alternate: while k-tile kt's MMAs run, the
+// thread splits k-tile kt + 1 and adds k-tile kt - 1's chain, times its scales, to the fp32 sums. Three stages
+// of split A (kt - 1 and kt being read, kt + 1 being written) and, with op(B) split beforehand, a ring of five
+// split B k-tiles (issued three ahead, so the slot a copy overwrites was last read two k-tiles before, by MMAs
+// retired since).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define DPMLP_F16X3_WGMMA 1
 #endif
@@ -681,6 +681,27 @@ __device__ __forceinline__ void wgmma_f16_t(float (&d)[32], std::uint64_t da, st
         "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(da), "l"(db), "r"(scale_d));
 }
+// d (+)= A B, one m64n128k16 FP16 wgmma with fp32 accumulation, both operands MN-major (transposed) in shared
+// memory (descriptors); scale_d 0: d = A B.
+__device__ __forceinline__ void wgmma_f16_t(float (&d)[64], std::uint64_t da, std::uint64_t db, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
+      "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+        "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+        "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+        "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(scale_d));
+}
 #endif  // DPMLP_F16X3_WGMMA
 
 // The descriptor of a K-major operand with the 64-byte swizzle whose k16 step starts at shared address addr
@@ -691,13 +712,18 @@ DPMLP_F16X3_HD constexpr std::uint64_t wgmma_descriptor(unsigned addr) {
   return static_cast<std::uint64_t>((addr & 0x3FFFFu) >> 4) | (std::uint64_t(1) << 16) |
          (std::uint64_t(512 >> 4) << 32) | (std::uint64_t(2) << 62);
 }
-// The same for an MN-major operand of 64 free indices with the 128-byte swizzle (gemm_kernel's k-major planes
-// of a 64-wide tile: row k is 128 bytes, chunk c at c ^ (k % 8), so eight k make a 1024-byte swizzle atom, 1024
+// The same for an MN-major operand with the 128-byte swizzle (gemm_kernel's k-major planes: atoms of 64 free
+// indices, whose row k is 128 bytes, chunk c at c ^ (k % 8), so eight k make a 1024-byte swizzle pattern, 1024
 // bytes aligned): stride byte offset 1024 (the next eight k), layout type 1 (the 128-byte swizzle); the leading
-// byte offset, the stride between 64-wide atoms along the free index, is unused at 64.
+// byte offset, the stride between 64-wide atoms along the free index (f16x3_layout::k_major_atom halves), read
+// only by operands wider than 64 (B of m64n128k16), is 1 at 64 (unused, CuTe's value).
+template <int Free>
 DPMLP_F16X3_HD constexpr std::uint64_t wgmma_descriptor_mn(unsigned addr) {
-  return static_cast<std::uint64_t>((addr & 0x3FFFFu) >> 4) | (std::uint64_t(1) << 16) |
-         (std::uint64_t(1024 >> 4) << 32) | (std::uint64_t(1) << 62);
+  static_assert(Free == 64 || Free == 128, "one or two atoms");
+  constexpr std::uint64_t atom_bytes = 2 * backend::f16x3_layout::k_major_atom;
+  constexpr std::uint64_t lbo = Free == 64 ? 1 : atom_bytes >> 4;
+  return static_cast<std::uint64_t>((addr & 0x3FFFFu) >> 4) | (lbo << 16) | (std::uint64_t(1024 >> 4) << 32) |
+         (std::uint64_t(1) << 62);
 }
 
 // The wgmma form's shared memory: three stages of split A (and of split B unless PreB), the ring of fp32
@@ -718,8 +744,8 @@ struct WgmmaSmem {
 template <class T, bool AK, bool BK_, Out O, bool PreB>
 __global__ void __launch_bounds__(T::threads, 1) wgmma_kernel(const Params p) {
 #if defined(DPMLP_F16X3_WGMMA)
-  static_assert(AK ? (BK_ || PreB) : (!BK_ && !PreB && T::BM == 64 && T::BN == 64),
-                "rows x weights with op(B)'s planes free-major (op T, or split beforehand), or T N on 64 x 64 tiles");
+  static_assert(AK ? (BK_ || PreB) : (!BK_ && !PreB),
+                "rows x weights with op(B)'s planes free-major (op T, or split beforehand), or T N");
   static_assert(T::warps == 4 * (T::BM / 64) && T::BM % 64 == 0, "a warpgroup takes 64 rows and every column");
   using S = WgmmaSmem<T, AK, PreB>;
   constexpr int R = T::BN / 2;  // accumulator registers a thread: 64 x BN over the warpgroup's 128
@@ -789,7 +815,7 @@ __global__ void __launch_bounds__(T::threads, 1) wgmma_kernel(const Params p) {
     if constexpr (AK) {
       wgmma_f16(d, wgmma_descriptor(a + 32 * h), wgmma_descriptor(b + 32 * h), scale_d);
     } else {
-      wgmma_f16_t(d, wgmma_descriptor_mn(a + 2048 * h), wgmma_descriptor_mn(b + 2048 * h), scale_d);
+      wgmma_f16_t(d, wgmma_descriptor_mn<64>(a + 2048 * h), wgmma_descriptor_mn<T::BN>(b + 2048 * h), scale_d);
     }
   };
 
@@ -809,8 +835,9 @@ __global__ void __launch_bounds__(T::threads, 1) wgmma_kernel(const Params p) {
   // 8j + 2 (lane % 4) + e.
   const int g = lane >> 2, t = lane & 3;
   const int row0 = 64 * (warp >> 2) + 16 * (warp & 3) + g;
-  // The warpgroup's rows' bytes (free-major planes; a k-major plane's tile has one warpgroup).
-  const unsigned a_rows = AK ? 64u * 64u * static_cast<unsigned>(warp >> 2) : 0u;
+  // The warpgroup's rows' bytes: 64 rows of 64 bytes (free-major planes), or one atom (k-major).
+  const unsigned a_rows =
+      (AK ? 64u * 64u : 2u * backend::f16x3_layout::k_major_atom) * static_cast<unsigned>(warp >> 2);
   // A chain's sums, times their rows' and columns' scales (k-tile kt's), into the fp32 sums.
   auto add_chain = [&](const float (&ch)[R], int kt) {
     const float* sca = a_scales(kt % 3);
@@ -983,7 +1010,7 @@ inline cudaError_t gemm(cudaStream_t stream, const Params& p, int batch, bool a_
 
 // gemm()'s GEMMs whose planes are the layouts wgmma reads on Hopper's warpgroup MMAs (the wgmma form above):
 // the rows x weights GEMMs whose op(B) planes are free-major (N N with op(B) split beforehand, p.b_split set;
-// N T either way), and T N (per-block weight gradients, linear; always the small tile). The same splits,
+// N T either way), and T N (per-block weight gradients, linear). The same splits,
 // products and order of sums. Defined in src/cuda_wgmma.cu, compiled for sm_90a into dpmlp_cuda_kernels, which
 // then defines DPMLP_HAVE_WGMMA; call it only there, and only on a device of compute capability 9.0.
 cudaError_t gemm_wgmma(cudaStream_t stream, const Params& p, int batch, bool a_n, bool b_t, Out out, bool large);
@@ -991,9 +1018,10 @@ cudaError_t gemm_wgmma(cudaStream_t stream, const Params& p, int batch, bool a_n
 #if defined(DPMLP_WGMMA_KERNELS_HERE)
 cudaError_t gemm_wgmma(cudaStream_t stream, const Params& p, int batch, bool a_n, bool b_t, Out out, bool large) {
   using namespace detail;
-  if (!a_n) {  // T N: the small tile, whose k-major planes are the MMAs' MN-major layout
+  if (!a_n) {  // T N: k-major planes, the MMAs' MN-major layout
     if (b_t || out != Out::linear || p.b_split != nullptr) return cudaErrorNotSupported;
-    return launch_wgmma<Small, false, false, Out::linear, false>(stream, p, batch);
+    return large ? launch_wgmma<Large, false, false, Out::linear, false>(stream, p, batch)
+                 : launch_wgmma<Small, false, false, Out::linear, false>(stream, p, batch);
   }
   const bool pre = p.b_split != nullptr;
   if (!b_t) {
