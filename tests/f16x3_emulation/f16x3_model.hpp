@@ -216,7 +216,7 @@ struct Mma {
   int regs;
   std::uint64_t da, db;
   int scale_d;
-  bool transposed;  // both operands MN-major (the T N form's wgmma_f16_t)
+  bool transposed;  // both operands MN-major (the T N form's wgmma_f16<1>)
 };
 struct Warpgroup {
   std::vector<Mma> open;

@@ -18,19 +18,20 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from extract import between, replace  # noqa: E402
 
 
-def wgmma_f16(n, transposed=False):
-    """The header's wgmma_f16 for m64n<n>k16 (n / 2 accumulator registers a thread), as the model reads it:
-    scale-d from the predicate scale_d != 0, scale-a and scale-b 1, neither operand transposed (K-major); or
-    wgmma_f16_t, both transposed (MN-major)."""
+def wgmma_f16(n):
+    """The header's wgmma_f16<Trans> for m64n<n>k16 (n / 2 accumulator registers a thread), as the model reads
+    it: scale-d from the predicate scale_d != 0, scale-a and scale-b 1, both operands K-major (Trans 0) or both
+    transposed, MN-major (Trans 1)."""
     r = n // 2
     regs = ", ".join(f"%{i}" for i in range(r))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(r))
-    name, tr = ("wgmma_f16_t", 1) if transposed else ("wgmma_f16", 0)
-    return (f"__device__ __forceinline__ void {name}(float (&d)[{r}], std::uint64_t da, std::uint64_t db, "
+    return (f"template <int Trans>\n"
+            f"__device__ __forceinline__ void wgmma_f16(float (&d)[{r}], std::uint64_t da, std::uint64_t db, "
             f"int scale_d) {{\n"
             f'  asm volatile("{{\\n.reg .pred p;\\n" "setp.ne.b32 p, %{r + 2}, 0;\\n" '
             f'"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16 {{" "{regs}" '
-            f'"}}, %{r}, %{r + 1}, p, 1, 1, {tr}, {tr};\\n}}\\n" : {outs} : "l"(da), "l"(db), "r"(scale_d));\n}}\n')
+            f'"}}, %{r}, %{r + 1}, p, 1, 1, %{r + 3}, %{r + 3};\\n}}\\n" : {outs} : "l"(da), "l"(db), '
+            f'"r"(scale_d), "n"(Trans));\n}}\n')
 
 
 # The wgmma form's primitives as f16x3_model.hpp models them.
@@ -47,7 +48,7 @@ WGMMA_PRIMITIVES = (
     "__device__ __forceinline__ void fence_registers(float (&d)[R]) {\n"
     "#pragma unroll\n"
     '  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");\n}\n'
-    + wgmma_f16(64) + wgmma_f16(128) + wgmma_f16(64, True) + wgmma_f16(128, True))
+    + wgmma_f16(64) + wgmma_f16(128))
 
 # Their stand-ins.
 WGMMA_MODEL = """inline void fence_proxy_async() { emulation::fence_proxy_async(); }
@@ -59,17 +60,13 @@ inline void wgmma_wait() {
 }
 template <int R>
 inline void fence_registers(float (&)[R]) {}
+template <int Trans>
 inline void wgmma_f16(float (&d)[32], std::uint64_t da, std::uint64_t db, int scale_d) {
-  emulation::wgmma16::mma(d, da, db, scale_d);
+  emulation::wgmma16::mma(d, da, db, scale_d, Trans != 0);
 }
+template <int Trans>
 inline void wgmma_f16(float (&d)[64], std::uint64_t da, std::uint64_t db, int scale_d) {
-  emulation::wgmma16::mma(d, da, db, scale_d);
-}
-inline void wgmma_f16_t(float (&d)[32], std::uint64_t da, std::uint64_t db, int scale_d) {
-  emulation::wgmma16::mma(d, da, db, scale_d, true);
-}
-inline void wgmma_f16_t(float (&d)[64], std::uint64_t da, std::uint64_t db, int scale_d) {
-  emulation::wgmma16::mma(d, da, db, scale_d, true);
+  emulation::wgmma16::mma(d, da, db, scale_d, Trans != 0);
 }
 """
 
