@@ -30,18 +30,29 @@
 //     emulation.hpp models them for the TF32 wgmma: an MMA runs at the wait_group that retires it or, in the
 //     other mode (run_at_wait false), when issued; one before the thread's first wgmma.fence fails, and so does
 //     one after a barrier that some thread reached with shared-memory stores it had not fenced
-//     (fence.proxy.async); a thread that ends a CTA with MMAs not retired fails.
+//     (fence.proxy.async); a thread that ends a CTA with MMAs not retired fails;
+//   - mbarriers (the warp-specialized wgmma form): init, arrive, expect_tx, waits on a phase's parity, each a
+//     state beside the shared memory, keyed by its address; a phase completes when its arrivals and its
+//     transaction bytes are all in. They carry the async-proxy rule too: a thread that passes a wait on a phase
+//     some thread arrived at with unfenced stores fails at its next wgmma. A bulk copy (cp.async.bulk to
+//     shared memory) lands when issued, as an async-proxy write, and completes its bytes on its mbarrier;
+//     setmaxnreg does nothing.
 #pragma once
 
 #include "emulation.hpp"
 
 #include <array>
+#include <chrono>
 #include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 struct __half {
@@ -209,6 +220,81 @@ inline void end_copies() {
 }
 
 // The FP16 wgmma, as the header says; a thread's state apart from the TF32 model's (emulation::warpgroup).
+// mbarriers, as the header says.
+namespace mbar {
+struct State {
+  int expected = 0, pending = 0;
+  long long tx = 0;
+  long long phase = 0;          // completed phases
+  bool unfenced_now = false;    // the current phase's arrivals: some thread's unfenced stores
+  bool unfenced_of[2] = {false, false};  // each parity's last completed phase
+};
+inline std::mutex mutex;
+inline std::condition_variable cv;
+inline std::map<unsigned, State> states;
+inline thread_local bool passed_unfenced = false;  // a wait passed a phase with unfenced stores
+inline std::atomic<long long> waits{0};  // waits passed, for a test to see that the warp-specialized form ran
+
+inline State& at(unsigned address) {
+  auto it = states.find(address);
+  if (it == states.end()) fail("an mbarrier used before its init");
+  return it->second;
+}
+inline void complete_if_done(State& b) {
+  if (b.pending == 0 && b.tx == 0) {
+    b.unfenced_of[b.phase & 1] = b.unfenced_now;
+    b.unfenced_now = false;
+    ++b.phase;
+    b.pending = b.expected;
+    cv.notify_all();
+  }
+}
+inline void init(unsigned address, unsigned count) {
+  if (address % 8 != 0 || address < smem_base || address + 8 > smem_base + smem_bytes) fail("mbarrier: a bad address");
+  std::lock_guard<std::mutex> lock(mutex);
+  State b;
+  b.expected = b.pending = static_cast<int>(count);
+  states[address] = b;
+}
+inline void arrive(unsigned address) {
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    State& b = at(address);
+    if (b.pending == 0) fail("mbarrier: more arrivals than its count");
+    b.unfenced_now = b.unfenced_now || unfenced_stores;
+    --b.pending;
+    complete_if_done(b);
+  }
+  // The arriving thread stalls, so that the threads its arrival releases run first: what it does after its
+  // arrival that it should have done before (a read of what they overwrite) then shows.
+  std::this_thread::sleep_for(std::chrono::microseconds(300));
+}
+inline void expect_tx(unsigned address, unsigned bytes) {
+  std::lock_guard<std::mutex> lock(mutex);
+  at(address).tx += bytes;
+}
+inline void wait(unsigned address, unsigned parity) {
+  std::unique_lock<std::mutex> lock(mutex);
+  State* b = &at(address);
+  // The phase of this parity is complete once the current phase's parity differs.
+  cv.wait(lock, [&] { return (b->phase & 1) != static_cast<long long>(parity & 1); });
+  if (b->unfenced_of[parity & 1]) passed_unfenced = true;
+  ++waits;
+}
+inline void bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
+  if (dst % 16 != 0 || bytes % 16 != 0 || dst < smem_base || dst + bytes > smem_base + smem_bytes) {
+    fail("cp.async.bulk: a bad shared range");
+  }
+  if (reinterpret_cast<std::uintptr_t>(src) % 16 != 0) fail("cp.async.bulk: a misaligned source");
+  std::memcpy(window + dst, src, bytes);
+  std::lock_guard<std::mutex> lock(mutex);
+  State& b = at(bar);
+  b.tx -= bytes;
+  if (b.tx < 0) fail("cp.async.bulk: more bytes than the mbarrier expects");
+  complete_if_done(b);
+}
+}  // namespace mbar
+
 namespace wgmma16 {
 
 struct Mma {
@@ -295,6 +381,7 @@ inline void mma(float (&d)[R], std::uint64_t da, std::uint64_t db, int scale_d, 
   if (cta_barrier->unfenced()) {
     fail("an FP16 wgmma after a barrier some thread reached with unfenced shared-memory stores");
   }
+  if (mbar::passed_unfenced) fail("an FP16 wgmma after an mbarrier phase some thread arrived at with unfenced stores");
   ++count;
   const Mma op{d, R, da, db, scale_d, transposed};
   if (run_at_wait) {
@@ -310,6 +397,7 @@ inline void end() {
 
 }  // namespace wgmma16
 
+
 // kernel<<<grid, threads, bytes, stream>>>(p) with warps.
 template <class Kernel, class P>
 void launch_warps(Kernel kernel, dim3 grid, unsigned threads, std::size_t bytes, cudaStream_t stream, const P& p) {
@@ -317,6 +405,7 @@ void launch_warps(Kernel kernel, dim3 grid, unsigned threads, std::size_t bytes,
   cta_begin = [] {
     copies = Copies();
     wgmma16::warpgroup = wgmma16::Warpgroup();
+    mbar::passed_unfenced = false;  // (a CTA's mbarriers are its own: thread 0 inits them before its barrier)
   };
   cta_end = [] {
     end_copies();

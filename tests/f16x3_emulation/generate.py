@@ -48,7 +48,22 @@ WGMMA_PRIMITIVES = (
     "__device__ __forceinline__ void fence_registers(float (&d)[R]) {\n"
     "#pragma unroll\n"
     '  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");\n}\n'
-    + wgmma_f16(64) + wgmma_f16(128))
+    + wgmma_f16(64) + wgmma_f16(128) +
+    # The warp-specialized form's.
+    "__device__ __forceinline__ void mbarrier_expect_tx(std::uint64_t* bar, unsigned bytes) {\n"
+    '  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(backend::shared_address(bar)), '
+    '"r"(bytes) : "memory");\n}\n'
+    "__device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigned bytes, std::uint64_t* bar) {\n"
+    '  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" '
+    '::"r"(dst), "l"(src), "r"(bytes), "r"(backend::shared_address(bar)) : "memory");\n}\n'
+    '__device__ __forceinline__ void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" '
+    '::: "memory"); }\n'
+    "template <int Regs>\n"
+    "__device__ __forceinline__ void setmaxnreg_inc() {\n"
+    '  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\\n" ::"n"(Regs));\n}\n'
+    "template <int Regs>\n"
+    "__device__ __forceinline__ void setmaxnreg_dec() {\n"
+    '  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\\n" ::"n"(Regs));\n}\n')
 
 # Their stand-ins.
 WGMMA_MODEL = """inline void fence_proxy_async() { emulation::fence_proxy_async(); }
@@ -68,6 +83,17 @@ template <int Trans>
 inline void wgmma_f16(float (&d)[64], std::uint64_t da, std::uint64_t db, int scale_d) {
   emulation::wgmma16::mma(d, da, db, scale_d, Trans != 0);
 }
+inline void mbarrier_expect_tx(std::uint64_t* bar, unsigned bytes) {
+  emulation::mbar::expect_tx(emulation::shared_address(bar), bytes);
+}
+inline void bulk_copy(unsigned dst, const void* src, unsigned bytes, std::uint64_t* bar) {
+  emulation::mbar::bulk_copy(dst, src, bytes, emulation::shared_address(bar));
+}
+inline void fence_mbarrier_init() {}
+template <int Regs>
+inline void setmaxnreg_inc() {}
+template <int Regs>
+inline void setmaxnreg_dec() {}
 """
 
 
@@ -97,12 +123,17 @@ def main():
                    "emulation::copy_wait<Pending>();", "copy_wait")
     body = replace(body, "extern __shared__ __align__(16) unsigned char smem_raw[];",
                    "unsigned char* const smem_raw = reinterpret_cast<unsigned char*>(emulation::smem);", "smem")
-    # The split's stores are the kernels' only generic-proxy writes to shared memory besides the copies (which
-    # the model records itself): recorded, for the model's fence.proxy.async rule (the wgmma form's).
+    # The split's stores (store_region, and the warp-specialized form's store_row) are the kernels' only
+    # generic-proxy writes to shared memory besides the copies (which the model records itself): recorded, for
+    # the model's fence.proxy.async rule (the wgmma form's).
     body, n_store = re.subn(r"(__device__ __forceinline__ void store_region\(.*?\) \{)",
                             r"\1\n  emulation::note_generic_store();", body, flags=re.DOTALL)
     if n_store != 1:
         sys.exit("generate.py: store_region's definition not found: update generate.py")
+    body, n_row = re.subn(r"(__device__ __forceinline__ void store_row\(.*?\) \{)",
+                          r"\1\n  emulation::note_generic_store();", body, flags=re.DOTALL)
+    if n_row != 1:
+        sys.exit("generate.py: store_row's definition not found: update generate.py")
 
     # The wgmma form: the macro that compiles it (defined for sm_90a) defined; its primitives checked against the
     # text the model stands for, then replaced by calls into the model; gemm_wgmma() (compiled only where
@@ -130,11 +161,14 @@ def main():
     body, n_wgmma = re.subn(r"(wgmma_kernel<T, AK, BK_, O, PreB>)<<<(dim3\(.*?\)), T::threads,\s*S::bytes, stream>>>"
                             r"\(p\);", r"emulation::launch_warps(\1, \2, T::threads, S::bytes, stream, p);", body,
                             flags=re.DOTALL)
+    body, n_ws = re.subn(r"(wgmma_ws_kernel<T, O>)<<<(dim3\(.*?\)), T::threads \+ 128,\s*S::bytes, stream>>>\(p\);",
+                         r"emulation::launch_warps(\1, \2, T::threads + 128, S::bytes, stream, p);", body,
+                         flags=re.DOTALL)
     body, n_split = re.subn(r"(detail::split_b_kernel<(?:true|false)>)<<<grid, 128, 0, stream>>>\((.*?)\);",
                             r"emulation::launch_serial(\1, grid, 128, stream, \2);", body)
     body, n_jobs = re.subn(r"(detail::split_b_jobs_kernel<backend::f16x3_layout::SplitBJob>)<<<grid, 128, 0, stream>>>\((.*?)\);",
                            r"emulation::launch_serial(\1, grid, 128, stream, \2);", body)
-    if n != 1 or n_wgmma != 1 or n_split != 2 or n_jobs != 1 or "<<<" in body or "asm" in body:
+    if n != 1 or n_wgmma != 1 or n_ws != 1 or n_split != 2 or n_jobs != 1 or "<<<" in body or "asm" in body:
         sys.exit("generate.py: a kernel launch, or inline PTX, left in the kernels' text")
 
     text = f"""// Generated by tests/f16x3_emulation/generate.py from the library's headers; do not edit.
@@ -151,6 +185,9 @@ constexpr cudaError_t cudaErrorNotSupported = 801;
 namespace dpmlp {{
 namespace backend {{
 inline unsigned shared_address(const void* p) {{ return emulation::shared_address(p); }}
+inline void mbarrier_init(std::uint64_t* bar, unsigned count) {{ emulation::mbar::init(shared_address(bar), count); }}
+inline void mbarrier_arrive(std::uint64_t* bar) {{ emulation::mbar::arrive(shared_address(bar)); }}
+inline void mbarrier_wait(std::uint64_t* bar, unsigned parity) {{ emulation::mbar::wait(shared_address(bar), parity); }}
 namespace f16x3 {{
 {abs_max}
 {scale_for}

@@ -10,7 +10,10 @@
 // shows. The wgmma form (gemm_wgmma) must give gemm()'s bits on every GEMM it takes, with its MMAs run at the
 // wait that retires them (a stage overwritten while MMAs may read it shows) and when issued (one read before
 // its split's stores shows): the model sums an FP16 wgmma's products as it sums mma.sync's, so equal bits say
-// the two forms multiply the same parts in the same order and scale and add the same chains. A GPU run
+// the two forms multiply the same parts in the same order and scale and add the same chains. Its
+// warp-specialized kernel (rows x weights, op(B) split beforehand, large tile) hands stages over through
+// mbarriers, whose model stalls a thread after each arrival: a stage released before its last reader is done
+// shows as wrong bits, one handed over without fence.proxy.async fails. A GPU run
 // (test_mlp's "cutlass" cases with BatchedGemm::f16x3) remains the check that the model is the hardware.
 #include <catch2/catch.hpp>
 
@@ -152,13 +155,15 @@ void check_wgmma(const Case& t, unsigned seed, std::initializer_list<bool> tiles
     for (const bool large : tiles) {
       for (const bool at_wait : {true, false}) {
         emulation::run_at_wait = at_wait;
-        const long long before = emulation::wgmma16::count;
+        const long long before = emulation::wgmma16::count, waits = emulation::mbar::waits;
         const Result r = run(t, seed, large, pre_b, true);
         emulation::run_at_wait = true;
         INFO("wgmma form: " << (large ? "large" : "small") << " tiles" << (pre_b ? ", op(B) split beforehand" : "")
                             << ", MMAs run " << (at_wait ? "at their wait" : "when issued")
                             << ": max error / sum |terms| " << r.worst);
         CHECK(emulation::wgmma16::count > before);
+        // Rows x weights with op(B) split beforehand on the large tile: the warp-specialized form.
+        CHECK((emulation::mbar::waits > waits) == (large && pre_b && t.op_a == Op::N));
         CHECK(r.worst <= 2e-6);
         CHECK(r.stray == 0);
         CHECK(std::memcmp(want.c.data(), r.c.data(), want.c.size() * sizeof(float)) == 0);

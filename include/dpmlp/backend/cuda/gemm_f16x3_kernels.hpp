@@ -238,6 +238,32 @@ __device__ __forceinline__ void store_region(const float4 (&v)[4], __half* hi, _
   }
 }
 
+// The warp-specialized form's split: a thread a row of op(A) (k contiguous), its k-tile's 32 values as eight
+// float4 (v[c]: k 4c ..+3), the row's scale from their largest magnitude (store_region's, without the lanes'
+// exchange: the same scale) and its hi and lo parts, 16 bytes (8 k) at a time, into the free-major planes.
+template <int F>
+__device__ __forceinline__ void store_row(const float4 (&v)[8], __half* hi, __half* lo, float* scale, int f) {
+  namespace h = backend::f16x3;
+  float mx = fabsf(v[0].x);
+  mx = h::abs_max(h::abs_max(h::abs_max(mx, v[0].y), v[0].z), v[0].w);
+#pragma unroll
+  for (int c = 1; c < 8; ++c) mx = h::abs_max(h::abs_max(h::abs_max(h::abs_max(mx, v[c].x), v[c].y), v[c].z), v[c].w);
+  float inv, sc;
+  h::scale_for(__float_as_uint(mx), inv, sc);
+  scale[f] = sc;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint4 H, L;
+    h::split2(v[2 * j].x, v[2 * j].y, inv, H.x, L.x);
+    h::split2(v[2 * j].z, v[2 * j].w, inv, H.y, L.y);
+    h::split2(v[2 * j + 1].x, v[2 * j + 1].y, inv, H.z, L.z);
+    h::split2(v[2 * j + 1].z, v[2 * j + 1].w, inv, H.w, L.w);
+    const int at = plane_at<true, F>(f, 8 * j);
+    *reinterpret_cast<uint4*>(hi + at) = H;
+    *reinterpret_cast<uint4*>(lo + at) = L;
+  }
+}
+
 // A 16 (free) x 16 (k) block of a plane at (f0, k0) by ldmatrix.x4 (.trans for k-major planes), each register
 // a lane's (f = lane/4, k = 2 (lane%4) ..+1) pair of one 8 x 8 quarter, the quarters in the order
 // f16x3_layout::ldsm_row gives: an A fragment as it is (BPairs false), or two B fragments, r[0], r[1] for
@@ -666,6 +692,27 @@ __device__ __forceinline__ void wgmma_f16(float (&d)[64], std::uint64_t da, std:
         "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(da), "l"(db), "r"(scale_d), "n"(Trans));
 }
+// The warp-specialized form's: mbarrier transactions, bulk copies, register reallocation.
+__device__ __forceinline__ void mbarrier_expect_tx(std::uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(backend::shared_address(bar)),
+               "r"(bytes)
+               : "memory");
+}
+// `bytes` (a multiple of 16) from global src to shared dst, both 16-byte aligned, completing on bar.
+__device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigned bytes, std::uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(backend::shared_address(bar))
+               : "memory");
+}
+__device__ __forceinline__ void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+template <int Regs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs));
+}
+template <int Regs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs));
+}
 #endif  // DPMLP_F16X3_WGMMA
 
 // The descriptor of a K-major operand with the 64-byte swizzle whose k16 step starts at shared address addr
@@ -908,6 +955,222 @@ cudaError_t launch_wgmma(cudaStream_t stream, const Params& p, int batch) {
 using Large = Tile<128, 128, 2, 4>;  // 8 warps of 64 x 32
 using Small = Tile<64, 64, 2, 2>;    // 4 warps of 32 x 32
 
+// ---- The warp-specialized wgmma form: the rows x weights GEMMs with op(B) split beforehand on the 128 x 128
+// tile. wgmma_kernel's warps each copy, split, multiply and add chains, with a barrier a k-tile, so the MMAs
+// wait on the split; here a producer warpgroup copies and splits and two consumer warpgroups only multiply
+// and add chains, handing stages over through mbarriers (full: a stage's split A stored and its split B
+// landed; empty: every consumer's MMAs that read it retired and its scales read). Producer thread pt takes
+// row pt of the tile: it copies the row's k-tile as fp32 with cp.async into a ring of WsRing k-tiles (issued
+// WsRing - 1 ahead; a thread reads back only its own copies, so its own wait suffices) and splits it into
+// stage kt % WsStages with no exchange between lanes (store_row); one thread brings op(B)'s split k-tile
+// (three contiguous slices: hi plane, lo plane, scales) with bulk copies that complete on the stage's full
+// barrier. The scales, planes, MMAs, chains and their order are wgmma_kernel's: the same bits. Registers: the
+// producer gives its share to the consumers (setmaxnreg), whose three 64 x 128 sets (sums and two chains)
+// need about 200 a thread.
+constexpr int WsStages = 4, WsRing = 5, WsProducerRegs = 72, WsConsumerRegs = 216;
+
+template <class T>
+struct WsSmem {
+  static constexpr int a_bytes = (T::split_a + 511) / 512 * 512;
+  static constexpr int b_bytes = (T::split_b + 511) / 512 * 512;
+  static constexpr int stage = a_bytes + b_bytes;
+  static constexpr int ring_slot = T::RA * 2048;
+  static constexpr int barriers = WsStages * stage + WsRing * ring_slot;  // full[WsStages], then empty[WsStages]
+  static constexpr int bytes = barriers + 16 * WsStages + 1024;
+  static_assert(stage % 512 == 0 && ring_slot % 512 == 0, "planes on their swizzle's 512-byte pattern");
+};
+
+template <class T, Out O>
+__global__ void __launch_bounds__(T::threads + 128, 1) wgmma_ws_kernel(const Params p) {
+#if defined(DPMLP_F16X3_WGMMA)
+  static_assert(T::BM == 128 && T::warps == 8, "two consumer warpgroups of 64 rows");
+  static_assert(WsProducerRegs * 128 + WsConsumerRegs * T::threads <= 65536, "the register file");
+  using S = WsSmem<T>;
+  constexpr int R = T::BN / 2;
+  extern __shared__ __align__(16) unsigned char smem_dyn[];
+  unsigned char* const smem = smem_dyn + ((1024u - (backend::shared_address(smem_dyn) & 1023u)) & 1023u);
+  std::uint64_t* const full = reinterpret_cast<std::uint64_t*>(smem + S::barriers);
+  std::uint64_t* const empty = full + WsStages;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int tiles_n = (p.n + T::BN - 1) / T::BN;
+  const int tm = static_cast<int>(blockIdx.x / tiles_n), tn = static_cast<int>(blockIdx.x % tiles_n);
+  const int m0 = tm * T::BM, n0 = tn * T::BN;
+  const std::int64_t bz = blockIdx.y;
+  const int kts = (p.k + BK - 1) / BK;
+
+  auto a_hi = [&](int s) { return reinterpret_cast<__half*>(smem + s * S::stage); };
+  auto a_lo = [&](int s) { return a_hi(s) + T::plane_a; };
+  auto a_scales = [&](int s) { return reinterpret_cast<float*>(smem + s * S::stage + 4 * T::plane_a); };
+  auto b_hi = [&](int s) { return reinterpret_cast<__half*>(smem + s * S::stage + S::a_bytes); };
+  auto b_lo = [&](int s) { return b_hi(s) + T::plane_b; };
+  auto b_scales = [&](int s) { return reinterpret_cast<float*>(smem + s * S::stage + S::a_bytes + 4 * T::plane_b); };
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < WsStages; ++s) {
+      backend::mbarrier_init(full + s, 128);
+      backend::mbarrier_init(empty + s, T::threads);
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  if (warp >= T::warps) {  // the producer warpgroup
+    setmaxnreg_dec<WsProducerRegs>();
+    // Producer thread pt copies and splits row pt of the tile: its k-tile's 128 bytes into the ring slot's row
+    // pt, 16-byte chunk c at c ^ (pt % 8) (so eight threads' reads of one chunk fall in distinct bank groups).
+    const int pt = static_cast<int>(threadIdx.x) - T::threads;
+    const bool row_ok = m0 + pt < p.m;
+    const float* const a_row = p.a + bz * p.stride_a + static_cast<std::int64_t>(row_ok ? m0 + pt : m0) * p.lda;
+    unsigned char* const ring = smem + WsStages * S::stage;
+    auto issue = [&](int kt) {
+      if (kt < kts) {
+        const unsigned slot = backend::shared_address(ring + (kt % WsRing) * S::ring_slot) + 128 * pt;
+        const int k0 = kt * BK;
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+          const bool in = row_ok && k0 + 4 * c < p.k;
+          cp_async16(slot + 16 * (c ^ (pt & 7)), in ? a_row + k0 + 4 * c : p.a, in ? 16 : 0);
+        }
+      }
+      copy_commit();
+    };
+    // op(B)'s split k-tile kt: this tile's columns' slice of its hi plane, its lo plane and its scales.
+    const int cols = split_b_columns(p.n);
+    const unsigned char* b_at = p.b_split;
+    const std::int64_t b_tile = split_b_tile_bytes(p.n);
+    constexpr unsigned plane = T::BN * 2 * BK;
+#pragma unroll 1
+    for (int kt = 0; kt < WsRing - 1; ++kt) issue(kt);
+#pragma unroll 1
+    for (int kt = 0; kt < kts; ++kt) {
+      const int s = kt % WsStages;
+      if (kt >= WsStages) backend::mbarrier_wait(empty + s, ((kt / WsStages) - 1) & 1);
+      if (threadIdx.x == T::threads) {
+        mbarrier_expect_tx(full + s, 2 * plane + 4 * T::BN);
+        const unsigned dst = backend::shared_address(b_hi(s));
+        bulk_copy(dst, b_at + n0 * 2 * BK, plane, full + s);
+        bulk_copy(dst + plane, b_at + cols * 2 * BK + n0 * 2 * BK, plane, full + s);
+        bulk_copy(dst + 2 * plane, b_at + 2 * cols * 2 * BK + n0 * 4, 4 * T::BN, full + s);
+      }
+      b_at += b_tile;
+      issue(kt + WsRing - 1);
+      copy_wait<WsRing - 1>();
+      const unsigned char* slot = ring + (kt % WsRing) * S::ring_slot + 128 * pt;
+      float4 v[8];
+#pragma unroll
+      for (int c = 0; c < 8; ++c) v[c] = *reinterpret_cast<const float4*>(slot + 16 * (c ^ (pt & 7)));
+      store_row<T::BM>(v, a_hi(s), a_lo(s), a_scales(s), pt);
+      fence_proxy_async();  // the split's stores, seen by the MMAs after the consumers' wait
+      backend::mbarrier_arrive(full + s);
+    }
+    return;
+  }
+
+  setmaxnreg_inc<WsConsumerRegs>();
+  float acc[R], c0[R], c1[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) acc[i] = 0.0f, c0[i] = 0.0f, c1[i] = 0.0f;
+  // wgmma_kernel's accumulator map: register 4j + 2h + e is row 16 (warp % 4) + lane / 4 + 8h of the
+  // warpgroup's 64, column 8j + 2 (lane % 4) + e.
+  const int g = lane >> 2, t = lane & 3;
+  const int row0 = 64 * (warp >> 2) + 16 * (warp & 3) + g;
+  const unsigned a_rows = 64u * 64u * static_cast<unsigned>(warp >> 2);
+  auto add_chain = [&](const float (&ch)[R], int s) {
+    const float* sca = a_scales(s);
+    const float* scb = b_scales(s);
+    const float sa0 = sca[row0], sa1 = sca[row0 + 8];
+#pragma unroll
+    for (int j = 0; j < T::BN / 8; ++j) {
+      const float2 sb = *reinterpret_cast<const float2*>(scb + 8 * j + 2 * t);
+      acc[4 * j + 0] = fmaf(ch[4 * j + 0], sa0 * sb.x, acc[4 * j + 0]);
+      acc[4 * j + 1] = fmaf(ch[4 * j + 1], sa0 * sb.y, acc[4 * j + 1]);
+      acc[4 * j + 2] = fmaf(ch[4 * j + 2], sa1 * sb.x, acc[4 * j + 2]);
+      acc[4 * j + 3] = fmaf(ch[4 * j + 3], sa1 * sb.y, acc[4 * j + 3]);
+    }
+  };
+  auto step = [&](int kt, float (&cur)[R], float (&prev)[R]) {
+    const int s = kt % WsStages;
+    backend::mbarrier_wait(full + s, (kt / WsStages) & 1);
+    const unsigned ah = backend::shared_address(a_hi(s)) + a_rows, al = backend::shared_address(a_lo(s)) + a_rows;
+    const unsigned bh = backend::shared_address(b_hi(s)), bl = backend::shared_address(b_lo(s));
+    fence_registers(cur);
+    wgmma_fence();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      wgmma_f16<0>(cur, wgmma_descriptor(al + 32 * h), wgmma_descriptor(bh + 32 * h), h);
+      wgmma_f16<0>(cur, wgmma_descriptor(ah + 32 * h), wgmma_descriptor(bl + 32 * h), 1);
+      wgmma_f16<0>(cur, wgmma_descriptor(ah + 32 * h), wgmma_descriptor(bh + 32 * h), 1);
+    }
+    wgmma_commit();
+    if (kt > 0) {
+      wgmma_wait<1>();  // k-tile kt - 1's MMAs (this warpgroup's)
+      fence_registers(prev);
+      const int sp = (kt - 1) % WsStages;
+      add_chain(prev, sp);
+      backend::mbarrier_arrive(empty + sp);
+    }
+  };
+#pragma unroll 1
+  for (int kt = 0; kt < kts; kt += 2) {
+    step(kt, c0, c1);
+    if (kt + 1 < kts) step(kt + 1, c1, c0);
+  }
+  auto last = [&](float (&ch)[R]) {
+    wgmma_wait<0>();
+    fence_registers(ch);
+    add_chain(ch, (kts - 1) % WsStages);
+  };
+  if ((kts - 1) % 2 == 0) {
+    last(c0);
+  } else {
+    last(c1);
+  }
+
+  float e[2][T::BN / 8][2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = m0 + row0 + 8 * h;
+#pragma unroll
+    for (int j = 0; j < T::BN / 8; ++j) {
+      if (row < p.m) read_pair<O>(p, row, n0 + 8 * j + 2 * t, e[h][j]);
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = m0 + row0 + 8 * h;
+    if (row >= p.m) continue;
+#pragma unroll
+    for (int j = 0; j < T::BN / 8; ++j) {
+      write_pair<O>(p, bz, row, n0 + 8 * j + 2 * t, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], e[h][j]);
+    }
+  }
+#else
+  (void)p;
+  __trap();
+#endif
+}
+
+template <class T, Out O>
+cudaError_t launch_wgmma_ws(cudaStream_t stream, const Params& p, int batch) {
+  using S = WsSmem<T>;
+  auto* fn = wgmma_ws_kernel<T, O>;
+  static const cudaError_t set = [fn] {
+    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, S::bytes);
+    if (e == cudaSuccess) {
+      e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    }
+    return e;
+  }();
+  if (set != cudaSuccess) return set;
+  const long long tiles = static_cast<long long>((p.m + T::BM - 1) / T::BM) * ((p.n + T::BN - 1) / T::BN);
+  if (tiles > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+  wgmma_ws_kernel<T, O><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(batch)), T::threads + 128,
+                               S::bytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+
 }  // namespace detail
 
 // The dynamic shared memory a CTA of the large (128 x 128) or small (64 x 64) tiles takes at most: 162 KB or
@@ -988,6 +1251,12 @@ cudaError_t gemm_wgmma(cudaStream_t stream, const Params& p, int batch, bool a_n
                  : launch_wgmma<Small, false, false, Out::linear, false>(stream, p, batch);
   }
   const bool pre = p.b_split != nullptr;
+  if (pre && large) {  // op(B)'s orientation is the split's business: one kernel for N N and N T
+    if (out == Out::bias_activation && !b_t) return launch_wgmma_ws<Large, Out::bias_activation>(stream, p, batch);
+    if (out == Out::activation_grad && b_t) return launch_wgmma_ws<Large, Out::activation_grad>(stream, p, batch);
+    if (out == Out::linear) return launch_wgmma_ws<Large, Out::linear>(stream, p, batch);
+    return cudaErrorNotSupported;
+  }
   if (!b_t) {
     if (!pre) return cudaErrorNotSupported;
     if (out == Out::bias_activation) {
