@@ -123,17 +123,12 @@ def main():
                    "emulation::copy_wait<Pending>();", "copy_wait")
     body = replace(body, "extern __shared__ __align__(16) unsigned char smem_raw[];",
                    "unsigned char* const smem_raw = reinterpret_cast<unsigned char*>(emulation::smem);", "smem")
-    # The split's stores (store_region, and the warp-specialized form's store_row) are the kernels' only
-    # generic-proxy writes to shared memory besides the copies (which the model records itself): recorded, for
-    # the model's fence.proxy.async rule (the wgmma form's).
+    # The split's stores are the kernels' only generic-proxy writes to shared memory besides the copies (which
+    # the model records itself): recorded, for the model's fence.proxy.async rule (the wgmma form's).
     body, n_store = re.subn(r"(__device__ __forceinline__ void store_region\(.*?\) \{)",
                             r"\1\n  emulation::note_generic_store();", body, flags=re.DOTALL)
     if n_store != 1:
         sys.exit("generate.py: store_region's definition not found: update generate.py")
-    body, n_row = re.subn(r"(__device__ __forceinline__ void store_row\(.*?\) \{)",
-                          r"\1\n  emulation::note_generic_store();", body, flags=re.DOTALL)
-    if n_row != 1:
-        sys.exit("generate.py: store_row's definition not found: update generate.py")
 
     # The wgmma form: the macro that compiles it (defined for sm_90a) defined; its primitives checked against the
     # text the model stands for, then replaced by calls into the model; gemm_wgmma() (compiled only where
@@ -161,8 +156,8 @@ def main():
     body, n_wgmma = re.subn(r"(wgmma_kernel<T, AK, BK_, O, PreB>)<<<(dim3\(.*?\)), T::threads,\s*S::bytes, stream>>>"
                             r"\(p\);", r"emulation::launch_warps(\1, \2, T::threads, S::bytes, stream, p);", body,
                             flags=re.DOTALL)
-    body, n_ws = re.subn(r"(wgmma_ws_kernel<T, O>)<<<(dim3\(.*?\)), T::threads \+ 128,\s*S::bytes, stream>>>\(p\);",
-                         r"emulation::launch_warps(\1, \2, T::threads + 128, S::bytes, stream, p);", body,
+    body, n_ws = re.subn(r"(wgmma_ws_kernel<T, O>)<<<(dim3\(.*?\)), T::threads \+ 128,\s*S::bytes, stream>>>\(w\);",
+                         r"emulation::launch_warps(\1, \2, T::threads + 128, S::bytes, stream, w);", body,
                          flags=re.DOTALL)
     body, n_split = re.subn(r"(detail::split_b_kernel<(?:true|false)>)<<<grid, 128, 0, stream>>>\((.*?)\);",
                             r"emulation::launch_serial(\1, grid, 128, stream, \2);", body)
@@ -181,6 +176,16 @@ def main():
 
 constexpr cudaError_t cudaErrorInvalidConfiguration = 9;
 constexpr cudaError_t cudaErrorNotSupported = 801;
+// A GPU of three SMs: the warp-specialized kernel's CTAs (one an SM) then take several tiles each.
+enum cudaDeviceAttr {{ cudaDevAttrMultiProcessorCount = 16 }};
+inline cudaError_t cudaGetDevice(int* dev) {{
+  *dev = 0;
+  return cudaSuccess;
+}}
+inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {{
+  *value = attr == cudaDevAttrMultiProcessorCount ? 3 : 0;
+  return cudaSuccess;
+}}
 
 namespace dpmlp {{
 namespace backend {{

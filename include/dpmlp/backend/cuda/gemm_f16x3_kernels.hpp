@@ -238,32 +238,6 @@ __device__ __forceinline__ void store_region(const float4 (&v)[4], __half* hi, _
   }
 }
 
-// The warp-specialized form's split: a thread a row of op(A) (k contiguous), its k-tile's 32 values as eight
-// float4 (v[c]: k 4c ..+3), the row's scale from their largest magnitude (store_region's, without the lanes'
-// exchange: the same scale) and its hi and lo parts, 16 bytes (8 k) at a time, into the free-major planes.
-template <int F>
-__device__ __forceinline__ void store_row(const float4 (&v)[8], __half* hi, __half* lo, float* scale, int f) {
-  namespace h = backend::f16x3;
-  float mx = fabsf(v[0].x);
-  mx = h::abs_max(h::abs_max(h::abs_max(mx, v[0].y), v[0].z), v[0].w);
-#pragma unroll
-  for (int c = 1; c < 8; ++c) mx = h::abs_max(h::abs_max(h::abs_max(h::abs_max(mx, v[c].x), v[c].y), v[c].z), v[c].w);
-  float inv, sc;
-  h::scale_for(__float_as_uint(mx), inv, sc);
-  scale[f] = sc;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    uint4 H, L;
-    h::split2(v[2 * j].x, v[2 * j].y, inv, H.x, L.x);
-    h::split2(v[2 * j].z, v[2 * j].w, inv, H.y, L.y);
-    h::split2(v[2 * j + 1].x, v[2 * j + 1].y, inv, H.z, L.z);
-    h::split2(v[2 * j + 1].z, v[2 * j + 1].w, inv, H.w, L.w);
-    const int at = plane_at<true, F>(f, 8 * j);
-    *reinterpret_cast<uint4*>(hi + at) = H;
-    *reinterpret_cast<uint4*>(lo + at) = L;
-  }
-}
-
 // A 16 (free) x 16 (k) block of a plane at (f0, k0) by ldmatrix.x4 (.trans for k-major planes), each register
 // a lane's (f = lane/4, k = 2 (lane%4) ..+1) pair of one 8 x 8 quarter, the quarters in the order
 // f16x3_layout::ldsm_row gives: an A fragment as it is (BPairs false), or two B fragments, r[0], r[1] for
@@ -956,15 +930,16 @@ using Large = Tile<128, 128, 2, 4>;  // 8 warps of 64 x 32
 using Small = Tile<64, 64, 2, 2>;    // 4 warps of 32 x 32
 
 // ---- The warp-specialized wgmma form: the rows x weights GEMMs with op(B) split beforehand on the 128 x 128
-// tile. wgmma_kernel's warps each copy, split, multiply and add chains, with a barrier a k-tile, so the MMAs
-// wait on the split; here a producer warpgroup copies and splits and two consumer warpgroups only multiply
-// and add chains, handing stages over through mbarriers (full: a stage's split A stored and its split B
-// landed; empty: every consumer's MMAs that read it retired and its scales read). Producer thread pt takes
-// row pt of the tile: it copies the row's k-tile as fp32 with cp.async into a ring of WsRing k-tiles (issued
-// WsRing - 1 ahead; a thread reads back only its own copies, so its own wait suffices) and splits it into
-// stage kt % WsStages with no exchange between lanes (store_row); one thread brings op(B)'s split k-tile
-// (three contiguous slices: hi plane, lo plane, scales) with bulk copies that complete on the stage's full
-// barrier. The scales, planes, MMAs, chains and their order are wgmma_kernel's: the same bits. Registers: the
+// tile. wgmma_kernel's warps each copy, split, multiply and add chains, with a barrier a k-tile, and a CTA
+// takes one tile, so the MMAs wait on the split and every tile starts with its copies' latency; here a CTA an
+// SM takes tile after tile (persistent), a producer warpgroup copies and splits, and two consumer warpgroups
+// only multiply, add chains and write the outputs, the two handing stages over through mbarriers (full: a
+// stage's split A stored and its split B landed; empty: every consumer's MMAs that read it retired and its
+// scales read). The producer copies A as fp32 with cp.async into a ring of WsRing k-tiles (issued WsRing - 1
+// ahead within a tile), splits each k-tile's eight regions (two a warp, store_region) into stage it %
+// WsStages, and brings op(B)'s split k-tile (three contiguous slices: hi plane, lo plane, scales) with bulk
+// copies that complete on the stage's full barrier; it runs on into the next tile while the consumers finish
+// one. The splits, scales, MMAs, chains and their order are wgmma_kernel's: the same bits. Registers: the
 // producer gives its share to the consumers (setmaxnreg), whose three 64 x 128 sets (sums and two chains)
 // need about 200 a thread.
 constexpr int WsStages = 4, WsRing = 5, WsProducerRegs = 72, WsConsumerRegs = 216;
@@ -980,13 +955,22 @@ struct WsSmem {
   static_assert(stage % 512 == 0 && ring_slot % 512 == 0, "planes on their swizzle's 512-byte pattern");
 };
 
+// The warp-specialized kernel's arguments: the GEMM, its batch entries, and the CTAs it runs on (at most one an
+// SM: each takes tiles ctas apart, in order, batch entry after batch entry).
+struct WsParams {
+  Params p;
+  int batch;
+  int ctas;
+};
+
 template <class T, Out O>
-__global__ void __launch_bounds__(T::threads + 128, 1) wgmma_ws_kernel(const Params p) {
+__global__ void __launch_bounds__(T::threads + 128, 1) wgmma_ws_kernel(const WsParams w) {
 #if defined(DPMLP_F16X3_WGMMA)
   static_assert(T::BM == 128 && T::warps == 8, "two consumer warpgroups of 64 rows");
   static_assert(WsProducerRegs * 128 + WsConsumerRegs * T::threads <= 65536, "the register file");
   using S = WsSmem<T>;
   constexpr int R = T::BN / 2;
+  const Params& p = w.p;
   extern __shared__ __align__(16) unsigned char smem_dyn[];
   unsigned char* const smem = smem_dyn + ((1024u - (backend::shared_address(smem_dyn) & 1023u)) & 1023u);
   std::uint64_t* const full = reinterpret_cast<std::uint64_t*>(smem + S::barriers);
@@ -994,10 +978,16 @@ __global__ void __launch_bounds__(T::threads + 128, 1) wgmma_ws_kernel(const Par
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int tiles_n = (p.n + T::BN - 1) / T::BN;
-  const int tm = static_cast<int>(blockIdx.x / tiles_n), tn = static_cast<int>(blockIdx.x % tiles_n);
-  const int m0 = tm * T::BM, n0 = tn * T::BN;
-  const std::int64_t bz = blockIdx.y;
+  const long long tiles = static_cast<long long>((p.m + T::BM - 1) / T::BM) * tiles_n;
+  const long long total = tiles * w.batch;
   const int kts = (p.k + BK - 1) / BK;
+  // Tile t: batch entry bz, rows m0.., columns n0.. (the two column tiles of a row tile one after another).
+  auto tile_of = [&](long long t, std::int64_t& bz, int& m0, int& n0) {
+    bz = t / tiles;
+    const long long r = t - bz * tiles;
+    m0 = static_cast<int>(r / tiles_n) * T::BM;
+    n0 = static_cast<int>(r % tiles_n) * T::BN;
+  };
 
   auto a_hi = [&](int s) { return reinterpret_cast<__half*>(smem + s * S::stage); };
   auto a_lo = [&](int s) { return a_hi(s) + T::plane_a; };
@@ -1015,65 +1005,68 @@ __global__ void __launch_bounds__(T::threads + 128, 1) wgmma_ws_kernel(const Par
   }
   __syncthreads();
 
+  // Both roles count the k-tiles of the CTA's tiles as one sequence: the it-th is in stage it % WsStages, the
+  // (it / WsStages)-th use of it, so the producer runs on into the next tile while the consumers finish one.
   if (warp >= T::warps) {  // the producer warpgroup
     setmaxnreg_dec<WsProducerRegs>();
-    // Producer thread pt copies and splits row pt of the tile: its k-tile's 128 bytes into the ring slot's row
-    // pt, 16-byte chunk c at c ^ (pt % 8) (so eight threads' reads of one chunk fall in distinct bank groups).
-    const int pt = static_cast<int>(threadIdx.x) - T::threads;
-    const bool row_ok = m0 + pt < p.m;
-    const float* const a_row = p.a + bz * p.stride_a + static_cast<std::int64_t>(row_ok ? m0 + pt : m0) * p.lda;
+    const int pw = warp - T::warps;
     unsigned char* const ring = smem + WsStages * S::stage;
-    auto issue = [&](int kt) {
-      if (kt < kts) {
-        const unsigned slot = backend::shared_address(ring + (kt % WsRing) * S::ring_slot) + 128 * pt;
-        const int k0 = kt * BK;
-#pragma unroll
-        for (int c = 0; c < 8; ++c) {
-          const bool in = row_ok && k0 + 4 * c < p.k;
-          cp_async16(slot + 16 * (c ^ (pt & 7)), in ? a_row + k0 + 4 * c : p.a, in ? 16 : 0);
-        }
-      }
-      copy_commit();
-    };
-    // op(B)'s split k-tile kt: this tile's columns' slice of its hi plane, its lo plane and its scales.
     const int cols = split_b_columns(p.n);
-    const unsigned char* b_at = p.b_split;
     const std::int64_t b_tile = split_b_tile_bytes(p.n);
     constexpr unsigned plane = T::BN * 2 * BK;
+    unsigned it = 0;
 #pragma unroll 1
-    for (int kt = 0; kt < WsRing - 1; ++kt) issue(kt);
+    for (long long t = blockIdx.x; t < total; t += w.ctas) {
+      std::int64_t bz;
+      int m0, n0;
+      tile_of(t, bz, m0, n0);
+      Operand A{p.a + bz * p.stride_a + static_cast<std::int64_t>(m0) * p.lda, p.lda, p.m - m0};
+      RegionCopy<true> c0(A, 16 * pw, lane), c1(A, 16 * (pw + 4), lane);
+      // Ring slot kt % WsRing; the previous tile's slots were all read back before its last split.
+      auto issue = [&](int kt) {
+        if (kt < kts) {
+          const unsigned slot = backend::shared_address(ring + (kt % WsRing) * S::ring_slot);
+          c0.copy(slot + pw * 2048, kt * BK, p.k, lane);
+          c1.copy(slot + (pw + 4) * 2048, kt * BK, p.k, lane);
+        }
+        copy_commit();
+      };
+      // op(B)'s split k-tile kt: this tile's columns' slice of its hi plane, its lo plane and its scales.
+      const unsigned char* b_at = p.b_split;
 #pragma unroll 1
-    for (int kt = 0; kt < kts; ++kt) {
-      const int s = kt % WsStages;
-      if (kt >= WsStages) backend::mbarrier_wait(empty + s, ((kt / WsStages) - 1) & 1);
-      if (threadIdx.x == T::threads) {
-        mbarrier_expect_tx(full + s, 2 * plane + 4 * T::BN);
-        const unsigned dst = backend::shared_address(b_hi(s));
-        bulk_copy(dst, b_at + n0 * 2 * BK, plane, full + s);
-        bulk_copy(dst + plane, b_at + cols * 2 * BK + n0 * 2 * BK, plane, full + s);
-        bulk_copy(dst + 2 * plane, b_at + 2 * cols * 2 * BK + n0 * 4, 4 * T::BN, full + s);
+      for (int kt = 0; kt < WsRing - 1; ++kt) issue(kt);
+#pragma unroll 1
+      for (int kt = 0; kt < kts; ++kt, ++it) {
+        const int s = static_cast<int>(it % WsStages);
+        if (it >= WsStages) backend::mbarrier_wait(empty + s, ((it / WsStages) - 1) & 1);
+        if (threadIdx.x == T::threads) {
+          mbarrier_expect_tx(full + s, 2 * plane + 4 * T::BN);
+          const unsigned dst = backend::shared_address(b_hi(s));
+          bulk_copy(dst, b_at + n0 * 2 * BK, plane, full + s);
+          bulk_copy(dst + plane, b_at + cols * 2 * BK + n0 * 2 * BK, plane, full + s);
+          bulk_copy(dst + 2 * plane, b_at + 2 * cols * 2 * BK + n0 * 4, 4 * T::BN, full + s);
+        }
+        b_at += b_tile;
+        issue(kt + WsRing - 1);
+        copy_wait<WsRing - 1>();
+        const unsigned char* slot = ring + (kt % WsRing) * S::ring_slot;
+        float4 v[4];
+        read_region(v, slot + pw * 2048, lane);
+        store_region<true, T::BM>(v, a_hi(s), a_lo(s), a_scales(s), 16 * pw, lane);
+        read_region(v, slot + (pw + 4) * 2048, lane);
+        store_region<true, T::BM>(v, a_hi(s), a_lo(s), a_scales(s), 16 * (pw + 4), lane);
+        fence_proxy_async();  // the split's stores, seen by the MMAs after the consumers' wait
+        backend::mbarrier_arrive(full + s);
       }
-      b_at += b_tile;
-      issue(kt + WsRing - 1);
-      copy_wait<WsRing - 1>();
-      const unsigned char* slot = ring + (kt % WsRing) * S::ring_slot + 128 * pt;
-      float4 v[8];
-#pragma unroll
-      for (int c = 0; c < 8; ++c) v[c] = *reinterpret_cast<const float4*>(slot + 16 * (c ^ (pt & 7)));
-      store_row<T::BM>(v, a_hi(s), a_lo(s), a_scales(s), pt);
-      fence_proxy_async();  // the split's stores, seen by the MMAs after the consumers' wait
-      backend::mbarrier_arrive(full + s);
     }
     return;
   }
 
   setmaxnreg_inc<WsConsumerRegs>();
-  float acc[R], c0[R], c1[R];
-#pragma unroll
-  for (int i = 0; i < R; ++i) acc[i] = 0.0f, c0[i] = 0.0f, c1[i] = 0.0f;
+  float acc[R];
   // wgmma_kernel's accumulator map: register 4j + 2h + e is row 16 (warp % 4) + lane / 4 + 8h of the
   // warpgroup's 64, column 8j + 2 (lane % 4) + e.
-  const int g = lane >> 2, t = lane & 3;
+  const int g = lane >> 2, tq = lane & 3;
   const int row0 = 64 * (warp >> 2) + 16 * (warp & 3) + g;
   const unsigned a_rows = 64u * 64u * static_cast<unsigned>(warp >> 2);
   auto add_chain = [&](const float (&ch)[R], int s) {
@@ -1082,16 +1075,20 @@ __global__ void __launch_bounds__(T::threads + 128, 1) wgmma_ws_kernel(const Par
     const float sa0 = sca[row0], sa1 = sca[row0 + 8];
 #pragma unroll
     for (int j = 0; j < T::BN / 8; ++j) {
-      const float2 sb = *reinterpret_cast<const float2*>(scb + 8 * j + 2 * t);
+      const float2 sb = *reinterpret_cast<const float2*>(scb + 8 * j + 2 * tq);
       acc[4 * j + 0] = fmaf(ch[4 * j + 0], sa0 * sb.x, acc[4 * j + 0]);
       acc[4 * j + 1] = fmaf(ch[4 * j + 1], sa0 * sb.y, acc[4 * j + 1]);
       acc[4 * j + 2] = fmaf(ch[4 * j + 2], sa1 * sb.x, acc[4 * j + 2]);
       acc[4 * j + 3] = fmaf(ch[4 * j + 3], sa1 * sb.y, acc[4 * j + 3]);
     }
   };
+  unsigned it = 0;  // the tile's first k-tile in the CTA's sequence
+  // K-tile kt: wait for its stage, its MMAs into cur; while they run, k-tile kt - 1's chain (prev), then its
+  // stage released.
   auto step = [&](int kt, float (&cur)[R], float (&prev)[R]) {
-    const int s = kt % WsStages;
-    backend::mbarrier_wait(full + s, (kt / WsStages) & 1);
+    const unsigned q = it + static_cast<unsigned>(kt);
+    const int s = static_cast<int>(q % WsStages);
+    backend::mbarrier_wait(full + s, (q / WsStages) & 1);
     const unsigned ah = backend::shared_address(a_hi(s)) + a_rows, al = backend::shared_address(a_lo(s)) + a_rows;
     const unsigned bh = backend::shared_address(b_hi(s)), bl = backend::shared_address(b_lo(s));
     fence_registers(cur);
@@ -1106,47 +1103,55 @@ __global__ void __launch_bounds__(T::threads + 128, 1) wgmma_ws_kernel(const Par
     if (kt > 0) {
       wgmma_wait<1>();  // k-tile kt - 1's MMAs (this warpgroup's)
       fence_registers(prev);
-      const int sp = (kt - 1) % WsStages;
+      const int sp = static_cast<int>((q - 1) % WsStages);
       add_chain(prev, sp);
       backend::mbarrier_arrive(empty + sp);
     }
   };
-#pragma unroll 1
-  for (int kt = 0; kt < kts; kt += 2) {
-    step(kt, c0, c1);
-    if (kt + 1 < kts) step(kt + 1, c1, c0);
-  }
   auto last = [&](float (&ch)[R]) {
     wgmma_wait<0>();
     fence_registers(ch);
-    add_chain(ch, (kts - 1) % WsStages);
+    const int sp = static_cast<int>((it + static_cast<unsigned>(kts) - 1) % WsStages);
+    add_chain(ch, sp);
+    backend::mbarrier_arrive(empty + sp);
   };
-  if ((kts - 1) % 2 == 0) {
-    last(c0);
-  } else {
-    last(c1);
-  }
-
-  float e[2][T::BN / 8][2];
+#pragma unroll 1
+  for (long long t = blockIdx.x; t < total; t += w.ctas) {
+    std::int64_t bz;
+    int m0, n0;
+    tile_of(t, bz, m0, n0);
+    float c0[R], c1[R];  // a tile's own: its first MMA overwrites them (scale-d 0)
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = m0 + row0 + 8 * h;
-#pragma unroll
-    for (int j = 0; j < T::BN / 8; ++j) {
-      if (row < p.m) read_pair<O>(p, row, n0 + 8 * j + 2 * t, e[h][j]);
+    for (int i = 0; i < R; ++i) acc[i] = 0.0f, c0[i] = 0.0f, c1[i] = 0.0f;
+#pragma unroll 1
+    for (int kt = 0; kt < kts; kt += 2) {
+      step(kt, c0, c1);
+      if (kt + 1 < kts) step(kt + 1, c1, c0);
     }
-  }
+    if ((kts - 1) % 2 == 0) {
+      last(c0);
+    } else {
+      last(c1);
+    }
+    it += static_cast<unsigned>(kts);
+
+    // The epilogue a row at a time (h), each row's operands read before any of its outputs is written: half
+    // of wgmma_kernel's registers for them, which the persistent loop needs.
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = m0 + row0 + 8 * h;
-    if (row >= p.m) continue;
+    for (int h = 0; h < 2; ++h) {
+      const int row = m0 + row0 + 8 * h;
+      if (row >= p.m) continue;
+      float e[T::BN / 8][2];
 #pragma unroll
-    for (int j = 0; j < T::BN / 8; ++j) {
-      write_pair<O>(p, bz, row, n0 + 8 * j + 2 * t, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], e[h][j]);
+      for (int j = 0; j < T::BN / 8; ++j) read_pair<O>(p, row, n0 + 8 * j + 2 * tq, e[j]);
+#pragma unroll
+      for (int j = 0; j < T::BN / 8; ++j) {
+        write_pair<O>(p, bz, row, n0 + 8 * j + 2 * tq, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], e[j]);
+      }
     }
   }
 #else
-  (void)p;
+  (void)w;
   __trap();
 #endif
 }
@@ -1165,11 +1170,16 @@ cudaError_t launch_wgmma_ws(cudaStream_t stream, const Params& p, int batch) {
   if (set != cudaSuccess) return set;
   const long long tiles = static_cast<long long>((p.m + T::BM - 1) / T::BM) * ((p.n + T::BN - 1) / T::BN);
   if (tiles > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
-  wgmma_ws_kernel<T, O><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(batch)), T::threads + 128,
-                               S::bytes, stream>>>(p);
+  int dev = 0, sms = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e != cudaSuccess) return e;
+  const long long total = tiles * batch;
+  const WsParams w{p, batch, static_cast<int>(total < sms ? total : sms)};
+  if (w.ctas <= 0) return cudaSuccess;
+  wgmma_ws_kernel<T, O><<<dim3(static_cast<unsigned>(w.ctas)), T::threads + 128, S::bytes, stream>>>(w);
   return cudaGetLastError();
 }
-
 
 }  // namespace detail
 
@@ -1237,8 +1247,9 @@ inline cudaError_t gemm(cudaStream_t stream, const Params& p, int batch, bool a_
 
 // gemm()'s GEMMs whose planes are the layouts wgmma reads on Hopper's warpgroup MMAs (the wgmma form above):
 // the rows x weights GEMMs whose op(B) planes are free-major (N N with op(B) split beforehand, p.b_split set;
-// N T either way), and T N (per-block weight gradients, linear). The same splits,
-// products and order of sums. Defined in src/cuda_wgmma.cu, compiled for sm_90a into dpmlp_cuda_kernels, which
+// N T either way), and T N (per-block weight gradients, linear); those with op(B) split beforehand on the
+// large tile in the warp-specialized kernel. The same splits, products and order of sums. Defined in
+// src/cuda_f16x3_wgmma.cu, compiled for sm_90a into dpmlp_cuda_kernels, which
 // then defines DPMLP_HAVE_WGMMA; call it only there, and only on a device of compute capability 9.0.
 cudaError_t gemm_wgmma(cudaStream_t stream, const Params& p, int batch, bool a_n, bool b_t, Out out, bool large);
 
