@@ -678,7 +678,9 @@ __device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigne
                "l"(src), "r"(bytes), "r"(backend::shared_address(bar))
                : "memory");
 }
-__device__ __forceinline__ void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ __forceinline__ void fence_mbarrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
 template <int Regs>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs));
