@@ -504,22 +504,30 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
 #endif
 }
 
+// Kernel fn's opt-in to `bytes` of dynamic shared memory, and the carveout that lets CTAs share an SM (three of
+// the small tile's with op(B) split beforehand): what each launcher does once a kernel.
+template <class Kernel>
+cudaError_t opt_in(Kernel fn, int bytes) {
+  cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e == cudaSuccess) {
+    e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  }
+  return e;
+}
+// The BM x BN tiles over p's m x n (a grid takes at most 2^31 - 1).
+template <class T>
+long long tile_count(const Params& p) {
+  return static_cast<long long>((p.m + T::BM - 1) / T::BM) * ((p.n + T::BN - 1) / T::BN);
+}
+
 // One launch of at most 65535 batch entries (the grid's y); op(B) split beforehand where p.b_split is set.
 template <class T, bool AK, bool BK_, Out O, bool PreB>
 cudaError_t launch_as(cudaStream_t stream, const Params& p, int batch) {
   using S = Smem<T, PreB>;
   auto* fn = gemm_kernel<T, AK, BK_, O, PreB>;
-  // The opt-in to the dynamic shared memory, and the carveout that lets CTAs share an SM (three of the small
-  // tile's with op(B) split beforehand).
-  static const cudaError_t set = [fn] {
-    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, S::bytes);
-    if (e == cudaSuccess) {
-      e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-    }
-    return e;
-  }();
+  static const cudaError_t set = opt_in(fn, S::bytes);
   if (set != cudaSuccess) return set;
-  const long long tiles = static_cast<long long>((p.m + T::BM - 1) / T::BM) * ((p.n + T::BN - 1) / T::BN);
+  const long long tiles = tile_count<T>(p);
   if (tiles > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
   gemm_kernel<T, AK, BK_, O, PreB><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(batch)), T::threads,
                                      S::bytes, stream>>>(p);
@@ -913,15 +921,9 @@ template <class T, bool AK, bool BK_, Out O, bool PreB>
 cudaError_t launch_wgmma(cudaStream_t stream, const Params& p, int batch) {
   using S = WgmmaSmem<T, AK, PreB>;
   auto* fn = wgmma_kernel<T, AK, BK_, O, PreB>;
-  static const cudaError_t set = [fn] {
-    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, S::bytes);
-    if (e == cudaSuccess) {
-      e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-    }
-    return e;
-  }();
+  static const cudaError_t set = opt_in(fn, S::bytes);
   if (set != cudaSuccess) return set;
-  const long long tiles = static_cast<long long>((p.m + T::BM - 1) / T::BM) * ((p.n + T::BN - 1) / T::BN);
+  const long long tiles = tile_count<T>(p);
   if (tiles > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
   wgmma_kernel<T, AK, BK_, O, PreB><<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(batch)), T::threads,
                                       S::bytes, stream>>>(p);
@@ -1162,15 +1164,9 @@ template <class T, Out O>
 cudaError_t launch_wgmma_ws(cudaStream_t stream, const Params& p, int batch) {
   using S = WsSmem<T>;
   auto* fn = wgmma_ws_kernel<T, O>;
-  static const cudaError_t set = [fn] {
-    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, S::bytes);
-    if (e == cudaSuccess) {
-      e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-    }
-    return e;
-  }();
+  static const cudaError_t set = opt_in(fn, S::bytes);
   if (set != cudaSuccess) return set;
-  const long long tiles = static_cast<long long>((p.m + T::BM - 1) / T::BM) * ((p.n + T::BN - 1) / T::BN);
+  const long long tiles = tile_count<T>(p);
   if (tiles > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
   int dev = 0, sms = 0;
   cudaError_t e = cudaGetDevice(&dev);
