@@ -58,6 +58,7 @@ WGMMA_PRIMITIVES = (
     '::"r"(dst), "l"(src), "r"(bytes), "r"(backend::shared_address(bar)) : "memory");\n}\n'
     '__device__ __forceinline__ void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" '
     '::: "memory"); }\n'
+    '__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }\n'
     "template <int Regs>\n"
     "__device__ __forceinline__ void setmaxnreg_inc() {\n"
     '  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\\n" ::"n"(Regs));\n}\n'
@@ -90,6 +91,7 @@ inline void bulk_copy(unsigned dst, const void* src, unsigned bytes, std::uint64
   emulation::mbar::bulk_copy(dst, src, bytes, emulation::shared_address(bar));
 }
 inline void fence_mbarrier_init() {}
+inline void prefetch_l2(const void*) {}
 template <int Regs>
 inline void setmaxnreg_inc() {}
 template <int Regs>

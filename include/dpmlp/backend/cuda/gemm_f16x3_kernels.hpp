@@ -689,6 +689,8 @@ __device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigne
 __device__ __forceinline__ void fence_mbarrier_init() {
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
+// The 128-byte line at p into L2.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 template <int Regs>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs));
@@ -1061,6 +1063,18 @@ __global__ void __launch_bounds__(T::threads + 128, 1) wgmma_ws_kernel(const WsP
         store_region<true, T::BM>(v, a_hi(s), a_lo(s), a_scales(s), 16 * (pw + 4), lane);
         fence_proxy_async();  // the split's stores, seen by the MMAs after the consumers' wait
         backend::mbarrier_arrive(full + s);
+        if constexpr (O == Out::activation_grad) {
+          // The epilogue's Y rows into L2 a few k-tiles before the consumers read them (a row a thread), so
+          // that its loads, which no MMA overlaps, wait on L2 rather than on memory.
+          const int row = m0 + static_cast<int>(threadIdx.x) - T::threads;
+          if (kt == kts - 1 && row < p.m) {
+            const float* y = p.src + static_cast<std::int64_t>(row) * p.src_ld + n0;
+#pragma unroll
+            for (int c = 0; c < T::BN; c += 32) {
+              if (n0 + c < p.n) prefetch_l2(y + c);
+            }
+          }
+        }
       }
     }
     return;
