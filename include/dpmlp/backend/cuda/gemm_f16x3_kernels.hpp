@@ -1154,7 +1154,8 @@ __global__ void __launch_bounds__(T::threads + 128, 1) wgmma_ws_kernel(const WsP
     it += static_cast<unsigned>(kts);
 
     // The epilogue a row at a time (h), each row's operands read before any of its outputs is written: half
-    // of wgmma_kernel's registers for them, which the persistent loop needs.
+    // of wgmma_kernel's registers for them, which the persistent loop needs (Y, for the activation's
+    // gradient, already in L2: the producer prefetched it).
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = m0 + row0 + 8 * h;
