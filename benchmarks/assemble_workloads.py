@@ -3,7 +3,8 @@
 """Assembles one workload-suite session (benchmarks/run_workloads.sh) into one JSON record and prints its
 Markdown table: one row per workload; dpmlp's default (the reproducible reduction, with --graph where the
 suite passes it), JAX (lax.scan, Python loop), PyTorch (eager, torch.compile); the best anchor over dpmlp;
-and issue 37's goal for that workload, met or not.
+issue 37's goal for that workload, met or not; and, where the suite ran it, dpmlp's default over dpmlp with
+`--reduction fast` (issue 37: at most 1.10).
 
 Times are ms per 100 steps (full batch) or ms per epoch (epochs), each the median of the run's repeats.
 A cell whose run failed its check (the loss did not fall, or is not finite) is marked "(fail)"; a run that
@@ -38,6 +39,8 @@ COLUMNS = [("dpmlp", "dpmlp default", "dpmlp", None), ("jax_scan", "JAX scan", "
            ("jax_loop", "JAX loop", "jax", "loop"), ("torch_eager", "PyTorch eager", "torch", "eager"),
            ("torch_compile", "PyTorch compiled", "torch", "compile")]
 ANCHORS = [c[0] for c in COLUMNS[1:]]
+# dpmlp with --reduction fast (run_workloads.sh's tool dpmlp_fast): the default may take at most this times its time.
+FAST_KEY, FAST_TOOL, FAST_LIMIT = "dpmlp_fast", "dpmlp_fast", 1.10
 
 
 def read_text(path):
@@ -149,7 +152,7 @@ def main(argv):
             e.update(workload=describe(line), unit="ms / epoch" if line["mode"] == "epoch" else "ms / 100 steps",
                      goal_ms=goal_for(line))
         tool = line.get("tool") or line.get("bench", "").split("_")[0]
-        for key, _, col_tool, variant in COLUMNS:
+        for key, _, col_tool, variant in COLUMNS + [(FAST_KEY, None, FAST_TOOL, None)]:
             if tool != col_tool or (variant is not None and line.get("variant", variant) != variant):
                 continue
             if "variant" not in line and variant is not None and key in e:
@@ -175,6 +178,10 @@ def main(argv):
         if e.get("goal_ms") is not None:
             e["goal_met"] = bool(mine.get("ms") is not None and mine.get("check") == "pass"
                                  and mine["ms"] <= e["goal_ms"])
+        fast = e.get(FAST_KEY, {})
+        if mine.get("ms") and fast.get("ms") and fast.get("check") == "pass":
+            e["default_over_fast"] = mine["ms"] / fast["ms"]
+            e["default_within_fast_limit"] = e["default_over_fast"] <= FAST_LIMIT
 
     gpus = read_text(os.path.join(session, "gpus.txt"))
     doc = {"date": read_text(os.path.join(session, "date.txt")),
@@ -184,23 +191,31 @@ def main(argv):
            "note": "medians of warm repeats; full batch: ms per 100 steps, epochs: ms per epoch; dpmlp: "
                    "benchmarks/workload_bench (reproducible reduction); JAX: benchmarks/anchors/workload_jax.py "
                    "(matmul precision highest); PyTorch: benchmarks/anchors/workload_torch.py (TF32 off); "
-                   "NVIDIA_TF32_OVERRIDE=0 for both anchors; one machine session (benchmarks/run_workloads.sh)",
+                   "NVIDIA_TF32_OVERRIDE=0 for both anchors; one machine session (benchmarks/run_workloads.sh); "
+                   "dpmlp_fast: workload_bench --reduction fast",
            "workloads": [entries[r] for r in order], "runs": lines}
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)
 
     print(f"{doc['gpu'] or 'GPU unknown'}, {doc['date'] or 'date unknown'}")
     print()
-    print("| workload | unit | " + " | ".join(c[1] for c in COLUMNS) + " | best anchor / dpmlp | goal |")
-    print("|---|---|" + "---|" * len(COLUMNS) + "---|---|")
+    with_fast = any("default_over_fast" in e for e in entries.values())
+    print("| workload | unit | " + " | ".join(c[1] for c in COLUMNS) + " | best anchor / dpmlp | goal |" +
+          (" default / fast |" if with_fast else ""))
+    print("|---|---|" + "---|" * len(COLUMNS) + "---|---|" + ("---|" if with_fast else ""))
     for r in order:
         e = entries[r]
         ratio = f"{e['best_anchor_over_dpmlp']:.2f}x" if "best_anchor_over_dpmlp" in e else "-"
         goal = "-"
         if e.get("goal_ms") is not None:
             goal = f"<= {e['goal_ms']:g}: {'met' if e['goal_met'] else 'not met'}"
+        fast = ""
+        if with_fast:
+            fast = " - |"
+            if "default_over_fast" in e:
+                fast = f" {e['default_over_fast']:.2f}{'' if e['default_within_fast_limit'] else ' (over 1.10)'} |"
         print(f"| {e.get('workload', r)} | {e.get('unit', '-')} | " +
-              " | ".join(cell(e.get(c[0])) for c in COLUMNS) + f" | {ratio} | {goal} |")
+              " | ".join(cell(e.get(c[0])) for c in COLUMNS) + f" | {ratio} | {goal} |" + fast)
     return 0
 
 

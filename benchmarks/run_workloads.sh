@@ -6,7 +6,7 @@
 # repository root with dpmlp's CUDA build at $B (default build-cuda; workload_bench built), jax (with its
 # CUDA plugin) and torch importable by $PYTHON (default python3; $JAX_PYTHON and $TORCH_PYTHON override it).
 #
-#   bash benchmarks/run_workloads.sh [--quick] [--list] [SUBSET|ROW]...
+#   bash benchmarks/run_workloads.sh [--quick] [--no-fast] [--list] [SUBSET|ROW]...
 #   bash benchmarks/run_workloads.sh --cpu [--quick] [ROW]...        (the CPU rows, on this machine's cores)
 #
 # --cpu: the CPU rows (cpu_*; --list names them) at each thread count in $THREADS (default "1 2"): dpmlp as
@@ -17,7 +17,9 @@
 # 3600 there. Then: python3 benchmarks/assemble_cpu_workloads.py $OUT benchmarks/results/<name>.json
 #
 # SUBSET: all (the default), seed, deep, epoch, goals; ROW: a row's name (--list prints them); ROWS="a b"
-# in the environment does the same. --quick: one timed repeat a run instead of three.
+# in the environment does the same. --quick: one timed repeat a run instead of three. Each GPU row also runs
+# dpmlp with `--reduction fast` (tool dpmlp_fast: one allreduce, bits that depend on the rank count), the
+# baseline of issue 37's "the default is never more than 10% slower than Reduction::fast"; --no-fast skips it.
 #
 # Writes under $OUT (default ./out): workloads.jsonl (one JSON line a run and variant, each tagged with
 # "row" and "tool"; a run that timed out, failed without a line, or was skipped for want of time gets a line
@@ -70,6 +72,7 @@ declare -A SUBSETS=(
 )
 
 REPEATS=3
+FAST=1
 CPU=0
 for arg in "$@"; do [ "$arg" = --cpu ] && CPU=1; done
 if [ $CPU = 1 ]; then ALL_ROWS=("${CPU_ROWS[@]}"); SUBSETS=([all]="cpu_seed20k cpu_seed1m cpu_deep64 cpu_deep256 cpu_epoch_32"); fi
@@ -79,6 +82,7 @@ for arg in "$@"; do
     -h|--help) usage; exit 0 ;;
     --cpu) ;;
     --quick) REPEATS=1 ;;
+    --no-fast) FAST=0 ;;
     --list) for r in "${ALL_ROWS[@]}"; do IFS='|' read -r n c d _ _ <<<"$r"; echo "$n: $c ${d:+(dpmlp: $d)}"; done
             for s in "${!SUBSETS[@]}"; do echo "subset $s: ${SUBSETS[$s]}"; done; exit 0 ;;
     -*) echo "run_workloads.sh: unknown option $arg (try --help)" >&2; exit 2 ;;
@@ -216,6 +220,10 @@ for w in "${wanted[@]}"; do
         --repeats "$REPEATS"
     else
       note "$name" dpmlp "not built: $B/benchmarks/workload_bench"
+    fi
+    if [ $have_dpmlp = 1 ] && [ $FAST = 1 ]; then
+      run "$name" dpmlp_fast "$dlimit" mpirun -np 1 -x NCCL_NVLS_ENABLE "$B/benchmarks/workload_bench" "${args[@]}" \
+        "${own[@]}" --reduction fast --repeats "$REPEATS"
     fi
     if [ $have_jax = 1 ]; then
       run "$name" jax "$alimit" env JAX_DEFAULT_MATMUL_PRECISION=highest NVIDIA_TF32_OVERRIDE=0 \
