@@ -1063,16 +1063,16 @@ __global__ void __launch_bounds__(T::threads + 128, 1) wgmma_ws_kernel(const WsP
         store_region<true, T::BM>(v, a_hi(s), a_lo(s), a_scales(s), 16 * (pw + 4), lane);
         fence_proxy_async();  // the split's stores, seen by the MMAs after the consumers' wait
         backend::mbarrier_arrive(full + s);
-        if constexpr (O == Out::activation_grad) {
-          // The epilogue's Y rows into L2 a few k-tiles before the consumers read them (a row a thread), so
-          // that its loads, which no MMA overlaps, wait on L2 rather than on memory.
-          const int row = m0 + static_cast<int>(threadIdx.x) - T::threads;
-          if (kt == kts - 1 && row < p.m) {
-            const float* y = p.src + static_cast<std::int64_t>(row) * p.src_ld + n0;
+      }
+      if constexpr (O == Out::activation_grad) {
+        // The tile's k-tiles handed over: its epilogue's Y rows into L2 a few k-tiles before the consumers read
+        // them (a row a thread), so that its loads, which no MMA overlaps, wait on L2 rather than on memory.
+        const int row = m0 + static_cast<int>(threadIdx.x) - T::threads;
+        if (row < p.m) {
+          const float* y = p.src + static_cast<std::int64_t>(row) * p.src_ld + n0;
 #pragma unroll
-            for (int c = 0; c < T::BN; c += 32) {
-              if (n0 + c < p.n) prefetch_l2(y + c);
-            }
+          for (int c = 0; c < T::BN; c += 32) {
+            if (n0 + c < p.n) prefetch_l2(y + c);
           }
         }
       }
