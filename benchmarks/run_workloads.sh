@@ -215,15 +215,12 @@ for w in "${wanted[@]}"; do
       cpu_row "$name" "${args[@]}"
       continue
     fi
+    dpmlp=(mpirun -np 1 -x NCCL_NVLS_ENABLE "$B/benchmarks/workload_bench" "${args[@]}" "${own[@]}" --repeats "$REPEATS")
     if [ $have_dpmlp = 1 ]; then
-      run "$name" dpmlp "$dlimit" mpirun -np 1 -x NCCL_NVLS_ENABLE "$B/benchmarks/workload_bench" "${args[@]}" "${own[@]}" \
-        --repeats "$REPEATS"
+      run "$name" dpmlp "$dlimit" "${dpmlp[@]}"
+      [ $FAST = 1 ] && run "$name" dpmlp_fast "$dlimit" "${dpmlp[@]}" --reduction fast
     else
       note "$name" dpmlp "not built: $B/benchmarks/workload_bench"
-    fi
-    if [ $have_dpmlp = 1 ] && [ $FAST = 1 ]; then
-      run "$name" dpmlp_fast "$dlimit" mpirun -np 1 -x NCCL_NVLS_ENABLE "$B/benchmarks/workload_bench" "${args[@]}" \
-        "${own[@]}" --reduction fast --repeats "$REPEATS"
     fi
     if [ $have_jax = 1 ]; then
       run "$name" jax "$alimit" env JAX_DEFAULT_MATMUL_PRECISION=highest NVIDIA_TF32_OVERRIDE=0 \
