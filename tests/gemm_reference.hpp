@@ -96,10 +96,25 @@ struct Buffer {
 
 // A run of one GEMM: its error (epilogue_gemm_error), the elements of C's buffer (c_size floats from d.c)
 // outside C that changed, and C (batch entry 0).
+// Column j of B's (k x n, row-major, leading dimension ld) sum over its k rows in the order of the 3xFP16
+// kernels' ColumnSums (a T N GEMM's bias gradients): eight chains, chain g the rows r = g (mod 8) in row order
+// from +0 (zeros past k up to the last 32-row k-tile's end), combined ((c0 + c1) + (c2 + c3)) + ((c4 + c5) +
+// (c6 + c7)).
+inline float f16x3_column_sum(const float* b, std::int64_t ld, int k, int j) {
+  const int rows = (k + 31) / 32 * 32;
+  float chain[8];
+  for (int g = 0; g < 8; ++g) {
+    chain[g] = 0.0f;
+    for (int r = g; r < rows; r += 8) chain[g] += r < k ? b[std::int64_t(r) * ld + j] : 0.0f;
+  }
+  return ((chain[0] + chain[1]) + (chain[2] + chain[3])) + ((chain[4] + chain[5]) + (chain[6] + chain[7]));
+}
+
 struct Result {
   double worst = 0;      // max |C - exact| / sum |terms|
   int stray = 0;         // elements outside C that changed
   std::vector<float> c;  // C (batch entry 0)
+  int sums_wrong = 0;    // T N with column sums (the 3xFP16 kernels'): sums not the reference's bits, or strays
 };
 inline Result result_of(const EpilogueGemm& t, const EpilogueGemmData& d, std::int64_t c_size) {
   Result r;

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <random>
 #include <string>
@@ -980,15 +981,41 @@ void check_odd_gemm(const OddGemm& t, bool f16x3) {
   g.c = c.data() + (t.batch > 1 ? 1 : 0), g.ldc = t.n, g.stride_c = sc;
   g.alpha = t.alpha, g.beta = t.beta, g.batch = t.batch, g.blocks = t.batch > 1;
   g.f16x3 = f16x3;
-  bool fused = true;
+  // T N: B's column sums too (a block's bias gradients), laid out as C's first rows; NaN elsewhere.
+  Kokkos::View<float*, Memory> sums("sums", at ? sc * t.batch + 1 : 1);
+  Kokkos::deep_copy(sums, std::numeric_limits<float>::quiet_NaN());
+  if (at) g.column_sums = sums.data() + (t.batch > 1 ? 1 : 0);
+  bool fused = true, summed = false;
   if (t.epilogue == 1) {
     fused = dpmlp::linalg::gemm_with_bias(Space(), dpmlp::linalg::Backend::cutlass, g, bias.data(), t.act);
   } else if (t.epilogue == 2) {
     fused = dpmlp::linalg::gemm_with_activation_grad(Space(), dpmlp::linalg::Backend::cutlass, g, y.data(), t.n, t.act);
   } else {
-    dpmlp::linalg::gemm(Space(), dpmlp::linalg::Backend::cutlass, g);
+    summed = dpmlp::linalg::gemm(Space(), dpmlp::linalg::Backend::cutlass, g);
   }
   REQUIRE(fused);
+  if (at) {
+    // The 3xFP16 kernels sum B's columns in ColumnSums' order (bit for bit); CUTLASS's kernels do not sum them.
+    INFO("T N, 3xFP16 " << f16x3 << ", " << t.m << " x " << t.n << " x " << t.k << ", batch " << t.batch);
+    CHECK(summed == f16x3);
+    auto hs = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), sums);
+    auto hb = Kokkos::create_mirror_view_and_copy(Kokkos::HostSpace(), b);
+    int wrong = 0, stray = 0;
+    std::vector<char> inside(hs.extent(0), 0);
+    for (std::int64_t e = 0; e < t.batch && summed; ++e) {
+      for (int j = 0; j < t.n; ++j) {
+        const std::int64_t i = e * sc + (t.batch > 1 ? 1 : 0) + j;
+        const float want = dpmlp_test::f16x3_column_sum(hb.data() + e * sb, t.n, t.k, j);
+        inside[i] = 1;
+        if (std::memcmp(&hs(i), &want, sizeof(float)) != 0) ++wrong;
+      }
+    }
+    for (std::size_t i = 0; i < hs.extent(0); ++i) {
+      if (!inside[i] && !std::isnan(hs(i))) ++stray;
+    }
+    CHECK(wrong == 0);
+    CHECK(stray == 0);
+  }
   // With a workspace where the backend takes one (3xFP16, rows x weights: op(B) split once, not in every CTA):
   // the same bits.
   const std::size_t ws_bytes = dpmlp::linalg::gemm_workspace_bytes(Space(), dpmlp::linalg::Backend::cutlass, g);

@@ -43,6 +43,27 @@ using dpmlp_test::Result;
 
 std::int64_t backend_split_bytes(const Case& t) { return dpmlp::backend::f16x3_layout::split_b_bytes(t.n, t.k); }
 
+// The T N kernels' column sums of each batch entry's B (k x n, row-major, entries sb apart) at sums + e * sc +
+// off + j against their specified order (dpmlp_test::f16x3_column_sum), bit for bit; also counts the elements
+// of the c_size buffer outside the sums that are not NaN (written astray).
+int column_sums_wrong(const Case& t, const float* b, std::int64_t sb, const float* sums, std::int64_t sc,
+                      std::int64_t off, std::int64_t c_size) {
+  int wrong = 0;
+  std::vector<char> inside(c_size, 0);
+  for (std::int64_t e = 0; e < t.batch; ++e) {
+    for (int j = 0; j < t.n; ++j) {
+      const float want = dpmlp_test::f16x3_column_sum(b + e * sb, t.n, t.k, j);
+      const std::int64_t at = e * sc + off + j;
+      inside[at] = 1;
+      if (std::memcmp(&sums[at], &want, sizeof(float)) != 0) ++wrong;
+    }
+  }
+  for (std::int64_t i = 0; i < c_size; ++i) {
+    if (!inside[i] && !std::isnan(sums[i])) ++wrong;
+  }
+  return wrong;
+}
+
 // Case t on data drawn from `seed` (one generator an array, so a GEMM of fewer rows gets a prefix of the same
 // row-major A, Y and C), on the large tiles or the small ones; rows x weights (op(A) N) with one B for the
 // whole batch (batch stride 0), as the layered engine runs them, split beforehand by split_b where pre_b.
@@ -105,13 +126,20 @@ Result run(const Case& t, unsigned seed, bool large, bool pre_b, RowScale row_sc
     REQUIRE(f::split_b(nullptr, p.b, p.ldb, t.n, t.k, bt, reinterpret_cast<unsigned char*>(split.p)) == cudaSuccess);
     p.b_split = reinterpret_cast<const unsigned char*>(split.p);
   }
+  // T N: B's column sums too (the bias gradients beside a block's weight gradient), laid out as C's first row
+  // would be; NaN elsewhere, so a sum not written, or one written astray, shows.
+  Buffer sums(at ? c_size : 1);
+  for (std::int64_t i = 0; i < (at ? c_size : 1); ++i) sums.p[i] = nan;
+  if (at) p.colsum = sums.p + off;
   if (wgmma) {
     REQUIRE(f::gemm_wgmma(nullptr, p, t.batch, !at, bt, out, large) == cudaSuccess);
   } else {
     REQUIRE(f::gemm(nullptr, p, t.batch, !at, bt, out, large) == cudaSuccess);
   }
 
-  return dpmlp_test::result_of(t, {a.p, b.p, bias.p, y.p, c_old.data(), c.p, sa, sb, sc, off}, c_size);
+  Result r = dpmlp_test::result_of(t, {a.p, b.p, bias.p, y.p, c_old.data(), c.p, sa, sb, sc, off}, c_size);
+  if (at) r.sums_wrong = column_sums_wrong(t, b.p, sb, sums.p, sc, off, c_size);
+  return r;
 }
 Result run(const Case& t, unsigned seed, bool large, bool pre_b = false, bool wgmma = false) {
   const auto one = [](int) { return 0; };
@@ -130,6 +158,8 @@ void check_both_tiles(const Case& t, unsigned seed, bool pre_b_large = false) {
   CHECK(small.worst <= 2e-6);
   CHECK(small.stray == 0);
   CHECK(large.stray == 0);
+  CHECK(small.sums_wrong == 0);
+  CHECK(large.sums_wrong == 0);
   CHECK(std::memcmp(small.c.data(), large.c.data(), small.c.size() * sizeof(float)) == 0);
   if (t.op_a == Op::T) return;
   for (const bool tile : {false, true}) {
@@ -166,6 +196,7 @@ void check_wgmma(const Case& t, unsigned seed, std::initializer_list<bool> tiles
         CHECK((emulation::mbar::waits > waits) == (large && pre_b && t.op_a == Op::N));
         CHECK(r.worst <= 2e-6);
         CHECK(r.stray == 0);
+        CHECK(r.sums_wrong == 0);
         CHECK(std::memcmp(want.c.data(), r.c.data(), want.c.size() * sizeof(float)) == 0);
       }
     }

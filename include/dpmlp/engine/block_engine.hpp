@@ -420,17 +420,23 @@ class BlockEngine {
       const bool narrow = l > 0 && narrow_delta(n_o);
       // The lo parts of delta_{l-1} where the delta GEMM of layer l - 1 reads them.
       Scalar* dn_lo = split_ && l > 1 && bwd_split_[l - 1] ? delta_lo_[(l - 1) % 2].data() : nullptr;
+      const std::int64_t boff = static_cast<std::int64_t>(model_.bias_offset(l));
+      // The blocks whose bias gradients are still to sum: [sum_from, sum_to).
+      std::int64_t sum_from = 0, sum_to = blocks_;
       if (narrow) {
         narrow_backward(space, n_in, n_o, a_prev, d.data(), ld_d, model_.weight(l).data(), dn.data(), ld_dn, act,
                         static_cast<std::int64_t>(model_.weight_offset(l)), dn_lo);
       } else {
-        // dW_l[block] = A_{l-1}[block]^T * delta_l[block]  (n_in x n_o, summed over the block's rows)
-        blocked_weight_grad(grads, n_in, n_o, a_prev, d.data(), ld_d, model_.weight_offset(l));
+        // dW_l[block] = A_{l-1}[block]^T * delta_l[block]  (n_in x n_o, summed over the block's rows), and
+        // where the GEMM backend can, db_l[block] in the same pass over delta_l.
+        blocked_weight_grad(grads, n_in, n_o, a_prev, d.data(), ld_d, model_.weight_offset(l), boff, sum_from,
+                            sum_to);
       }
       // db_l[block] = sum over the block's rows of delta_l (block_column_sums' fixed order); the first layer's
       // beside its weight gradient (no delta follows it on `space`).
-      const std::int64_t boff = static_cast<std::int64_t>(model_.bias_offset(l));
-      block_column_sums(l == 0 ? space : grads, "dpmlp::bias_grad", d.data(), ld_d, n_o, boff);
+      if (sum_from < sum_to) {
+        block_column_sums(l == 0 ? space : grads, "dpmlp::bias_grad", d.data(), ld_d, n_o, boff, sum_from, sum_to);
+      }
       if (l == 0) break;
       if (narrow) continue;
       // delta_{l-1} = (delta_l * W_l^T) .* act'(A_{l-1})
@@ -493,14 +499,18 @@ class BlockEngine {
   // many times the parallelism of a thread a column (which, with blocks of thousands of rows, was a chain of
   // thousands of dependent loads). Either order depends on the block's rows alone, so a block has the same
   // bits wherever it lives.
+  // Blocks [b_first, b_end) only, where given.
   void block_column_sums(const ExecSpace& space, const char* label, const Scalar* src, std::int64_t ld, int n,
-                         std::int64_t off) const {
+                         std::int64_t off, std::int64_t b_first = 0, std::int64_t b_end = -1) const {
     const matrix part = partials_;
     const std::int64_t block = plan_.block_rows, rows = rows_;
+    if (b_end < 0) b_end = blocks_;
+    if (b_end <= b_first) return;
+    const std::int64_t count = b_end - b_first;
     if constexpr (is_host_space<ExecSpace>()) {
       Kokkos::parallel_for(
-          label, Kokkos::RangePolicy<ExecSpace>(space, 0, blocks_ * n), KOKKOS_LAMBDA(const std::int64_t idx) {
-            const std::int64_t b = idx / n;
+          label, Kokkos::RangePolicy<ExecSpace>(space, 0, count * n), KOKKOS_LAMBDA(const std::int64_t idx) {
+            const std::int64_t b = b_first + idx / n;
             const int j = static_cast<int>(idx % n);
             const std::int64_t end = (b + 1) * block < rows ? (b + 1) * block : rows;
             Scalar sum = Scalar(0);
@@ -512,10 +522,10 @@ class BlockEngine {
       const int C = teams.C, lanes = teams.lanes, chunks = teams.chunks;
       using policy_t = Kokkos::TeamPolicy<ExecSpace>;
       using member_t = typename policy_t::member_type;
-      policy_t policy(space, static_cast<int>(blocks_ * chunks), kColumnTeam);
+      policy_t policy(space, static_cast<int>(count * chunks), kColumnTeam);
       policy.set_scratch_size(0, Kokkos::PerTeam(scratch_vector::shmem_size(kColumnTeam)));
       Kokkos::parallel_for(label, policy, KOKKOS_LAMBDA(const member_t& team) {
-        const std::int64_t b = team.league_rank() / chunks;
+        const std::int64_t b = b_first + team.league_rank() / chunks;
         const int id = team.team_rank(), lane = id % C, w = id / C;
         const int j = (team.league_rank() % chunks) * C + lane;
         const std::int64_t end = (b + 1) * block < rows ? (b + 1) * block : rows;
@@ -1051,8 +1061,10 @@ class BlockEngine {
   }
 
   // partials[b][off .. off + n_in*n_o) = A[block b]^T * D[block b]
+  // With the bias gradients (d's column sums a block, at bias_off) where the backend sums them in the same
+  // pass: [sum_from, sum_to) is then what it left to sum (every block, the tail block, the full ones, or none).
   void blocked_weight_grad(const ExecSpace& space, int n_in, int n_o, const Scalar* a, const Scalar* d, int ld_d,
-                           std::size_t off) const {
+                           std::size_t off, std::int64_t bias_off, std::int64_t& sum_from, std::int64_t& sum_to) const {
     const std::int64_t full = rows_ / plan_.block_rows, tail = rows_ - full * plan_.block_rows;
     linalg::BatchedGemm<Scalar> g;
     g.f16x3 = plan_.gemm_f16x3;
@@ -1072,15 +1084,20 @@ class BlockEngine {
     g.k = static_cast<int>(plan_.block_rows);
     g.batch = full;
     g.blocks = true;
-    linalg::gemm(space, plan_.gemm, g);
+    g.column_sums = partials_.data() + bias_off;
+    const bool full_sums = linalg::gemm(space, plan_.gemm, g) || full == 0;
+    bool tail_sums = true;
     if (tail > 0) {
       g.k = static_cast<int>(tail);
       g.batch = 1;
       g.a = a + full * g.stride_a;
       g.b = d + full * g.stride_b;
       g.c = partials_.data() + full * width_ + off;
-      linalg::gemm(space, plan_.gemm, g);
+      g.column_sums = partials_.data() + full * width_ + bias_off;
+      tail_sums = linalg::gemm(space, plan_.gemm, g);
     }
+    sum_from = full_sums ? full : 0;
+    sum_to = tail_sums ? full : blocks_;
   }
 
   Mlp<Scalar, memory_space> model_;

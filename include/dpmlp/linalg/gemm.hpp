@@ -82,6 +82,10 @@ struct BatchedGemm {
   // kernels would split it into the workspace; they then skip their own split. Null: none. The caller vouches
   // that it is the split of op(B) as it is now.
   const void* b_split = nullptr;
+  // Op T N (a weight gradient and, over the same rows, the bias gradient): where the backend can, gemm() also
+  // writes each batch entry's column sums of B over its k rows, at column_sums + entry * stride_c + j, and
+  // returns true (the cutlass backend's 3xFP16 kernels, in the order their ColumnSums gives). Null: none.
+  Scalar* column_sums = nullptr;
 };
 
 namespace detail {
@@ -573,33 +577,34 @@ Backend default_backend(bool reproducible) {
   return Backend::portable;
 }
 
+// C = alpha op(A) op(B) + beta C on `backend`. Returns whether it also wrote g.column_sums (never where that is
+// null); the caller sums B's columns itself where it did not.
 template <class ExecSpace, class Scalar>
-void gemm(const ExecSpace& space, Backend backend, const BatchedGemm<Scalar>& g) {
-  if (g.batch <= 0 || g.m <= 0 || g.n <= 0) return;
+bool gemm(const ExecSpace& space, Backend backend, const BatchedGemm<Scalar>& g) {
+  if (g.batch <= 0 || g.m <= 0 || g.n <= 0) return false;
   switch (backend) {
     case Backend::eigen:
       if constexpr (Kokkos::SpaceAccessibility<Kokkos::HostSpace, typename ExecSpace::memory_space>::accessible) {
         detail::gemm_eigen(space, g);
-        return;
+        return false;
       }
       break;
     case Backend::cublas:
 #if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUBLAS)
       if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
         cublas::gemm(space, g);
-        return;
+        return false;
       }
 #endif
       break;
     case Backend::portable:
       detail::gemm_portable(space, g);
-      return;
+      return false;
     case Backend::cutlass:
 #if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUTLASS)
       if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value && std::is_same<Scalar, float>::value) {
         if (cutlass_3xtf32::takes(g)) {
-          cutlass_3xtf32::gemm(space, g);
-          return;
+          return cutlass_3xtf32::gemm(space, g);
         }
       }
 #endif
@@ -607,12 +612,12 @@ void gemm(const ExecSpace& space, Backend backend, const BatchedGemm<Scalar>& g)
     case Backend::cublaslt:
       if (g.k == 0) {  // beta * C: nothing to pin
         detail::gemm_portable(space, g);
-        return;
+        return false;
       }
 #if defined(KOKKOS_ENABLE_CUDA) && defined(DPMLP_HAVE_CUBLAS)
       if constexpr (std::is_same<ExecSpace, Kokkos::Cuda>::value) {
         cublaslt::gemm(space, g);
-        return;
+        return false;
       }
 #endif
       break;

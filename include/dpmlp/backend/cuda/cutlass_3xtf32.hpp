@@ -133,7 +133,8 @@ DPMLP_CUDA_ENTRY void split_b_ahead(const Kokkos::Cuda& space, const backend::f1
                                     int count, int max_n, int max_k);
 
 // C = alpha op(A) op(B) (+ beta C), or with a fused epilogue (Epilogue). Only for GEMMs takes() accepts.
-DPMLP_CUDA_ENTRY void gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Epilogue& e = Epilogue());
+// Returns whether it also wrote g.column_sums (T N on the 3xFP16 kernels).
+DPMLP_CUDA_ENTRY bool gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Epilogue& e = Epilogue());
 
 }  // namespace cutlass_3xtf32
 }  // namespace linalg

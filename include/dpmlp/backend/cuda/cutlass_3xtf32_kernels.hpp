@@ -204,7 +204,7 @@ inline void wgmma_gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, c
 // The block-scaled 3xFP16 kernels (gemm_f16x3_kernels.hpp): large tiles where they still give every
 // multiprocessor a tile, as for CUTLASS's kernels, and the device lets a CTA have their shared memory (the
 // tile changes no bits).
-inline void f16x3_gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Epilogue& e) {
+inline bool f16x3_gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Epilogue& e) {
   namespace f = gemm_f16x3;
   const f::Out out = kernel_out(e);
   const std::int64_t large_tiles = g.batch * ((g.m + 127) / 128) * ((g.n + 127) / 128);
@@ -229,10 +229,13 @@ inline void f16x3_gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, c
   const bool on_wgmma =
       (g.op_a == Op::N ? b_split != nullptr || g.op_b == Op::T : g.op_b == Op::N) && f16x3_wgmma_here();
 #endif
-  in_launch_chunks(g, [&](const BatchedGemm<float>& part, std::int64_t) {
+  // T N: the bias gradients (B's column sums) beside the weight gradients, in the same kernels.
+  const bool column_sums = g.column_sums != nullptr && g.op_a == Op::T && g.op_b == Op::N;
+  in_launch_chunks(g, [&](const BatchedGemm<float>& part, std::int64_t first) {
     f::Params p;
     kernel_params(p, g, part, e);
     p.b_split = b_split;
+    if (column_sums) p.colsum = g.column_sums + first * g.stride_c;
     const int batch = static_cast<int>(part.batch);
     const bool a_n = g.op_a == Op::N, b_t = g.op_b == Op::T;
 #if defined(DPMLP_HAVE_F16X3_WGMMA)  // (gemm_wgmma exists only there: not named at all elsewhere)
@@ -247,6 +250,7 @@ inline void f16x3_gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, c
                       "): " + cudaGetErrorString(s));
     }
   });
+  return column_sums;
 }
 
 }  // namespace detail
@@ -278,19 +282,16 @@ DPMLP_CUDA_ENTRY void split_b_ahead(const Kokkos::Cuda& space, const backend::f1
   if (s != cudaSuccess) throw CommError(std::string("dpmlp: 3xFP16 GEMMs, splitting B ahead: ") + cudaGetErrorString(s));
 }
 
-DPMLP_CUDA_ENTRY void gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Epilogue& e) {
+DPMLP_CUDA_ENTRY bool gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& g, const Epilogue& e) {
   using namespace detail;
   if (!takes(g, e)) throw std::logic_error("dpmlp::linalg::cutlass_3xtf32::gemm: a GEMM it does not take");
 #if defined(DPMLP_HAVE_WGMMA)
   if (runs_on_wgmma(g)) {
     wgmma_gemm(space, g, e);
-    return;
+    return false;
   }
 #endif
-  if (runs_on_f16x3(g)) {
-    f16x3_gemm(space, g, e);
-    return;
-  }
+  if (runs_on_f16x3(g)) return f16x3_gemm(space, g, e);
   Source src;
   src.act = e.act;
   switch (e.kind) {
@@ -320,6 +321,7 @@ DPMLP_CUDA_ENTRY void gemm(const Kokkos::Cuda& space, const BatchedGemm<float>& 
     if (e.kind == Epi::bias_activation) rows_kernel<Row, Epi::bias_activation>(space, g, src);
     else rows_kernel<Row, Epi::linear>(space, g, src);
   }
+  return false;
 }
 
 }  // namespace cutlass_3xtf32

@@ -179,6 +179,37 @@ __device__ __forceinline__ void read_region(float4 (&v)[4], const unsigned char*
   for (int i = 0; i < 4; ++i) v[i] = reinterpret_cast<const float4*>(src)[32 * i + lane];
 }
 
+// A T N GEMM's column sums of op(B) over k (B's rows: the bias gradients beside a block's weight gradient),
+// from the B regions the CTA splits anyway. In each k-tile lane (g = lane / 4, t = lane % 4) of a warp holds
+// rows 8 i + g (i = 0..3) of its region's columns 4 t ..+3 (f16x3_layout::region_element) and adds them to its
+// four sums in row order: chain g sums the rows r = g (mod 8) in row order, from +0, with the zeros past k up
+// to the last k-tile's end. The eight chains are then combined by the fixed tree ((c0 + c1) + (c2 + c3)) +
+// ((c4 + c5) + (c6 + c7)) (butterfly shuffles, after which every lane holds the same bits). The order depends
+// on the block's rows alone, so a block's sums have the same bits wherever it lives.
+struct ColumnSums {
+  float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  __device__ __forceinline__ void add(const float4 (&v)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[0] += v[i].x, s[1] += v[i].y, s[2] += v[i].z, s[3] += v[i].w;
+  }
+  // The sums of the warp's region (columns fr ..+15 of the tile at n0) into out (the batch entry's).
+  __device__ __forceinline__ void write(float* out, int n, int n0, int fr, int lane) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      s[c] += __shfl_xor_sync(0xffffffffu, s[c], 4);
+      s[c] += __shfl_xor_sync(0xffffffffu, s[c], 8);
+      s[c] += __shfl_xor_sync(0xffffffffu, s[c], 16);
+    }
+    if (lane < 4) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int col = n0 + fr + 4 * lane + c;
+        if (col < n) out[col] = s[c];
+      }
+    }
+  }
+};
+
 __device__ __forceinline__ float max4(const float4& v) {
   namespace h = backend::f16x3;
   return h::abs_max(h::abs_max(h::abs_max(fabsf(v.x), v.y), v.z), v.w);
@@ -391,6 +422,10 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
     if constexpr (!PreB) store_region<BK_, T::BN>(vb, b_hi(kt), b_lo(kt), b_scales(kt), 16 * warp, lane);
   };
 
+  // T N with p.colsum: the first row of tiles also sums op(B)'s columns (ColumnSums).
+  const bool sums = !AK && !BK_ && !PreB && p.colsum != nullptr && m0 == 0;
+  ColumnSums column_sums;
+
   float acc[MT][NT][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -416,6 +451,7 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
   copy_wait<T::ring - 1>();
   float4 va[4], vb[4];
   load(va, vb, 0);
+  if (sums) column_sums.add(vb);
   store(va, vb, 0);
   __syncthreads();
   int r = 0;  // kt % T::ring
@@ -428,6 +464,7 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
     // while the MMAs run. Past the last k-tile it splits what the slot holds into a stage nothing reads.
     copy_wait<T::ring - 1>();
     load(va, vb, r1);
+    if (sums && kt + 1 < kts) column_sums.add(vb);
     float chain[MT][NT][4];
 #pragma unroll
     for (int k16 = 0; k16 < BK; k16 += 16) {
@@ -470,6 +507,7 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
     __syncthreads();
     r = r1;
   }
+  if (sums) column_sums.write(p.colsum + bz * p.stride_c, p.n, n0, 16 * warp, lane);
 
   // The epilogue: a lane holds rows g and g + 8 of each m16 tile, columns 2t and 2t + 1 of each n8 tile.
   const int g = lane >> 2, t = lane & 3;
@@ -816,6 +854,10 @@ __global__ void __launch_bounds__(T::threads, 1) wgmma_kernel(const Params p) {
     }
   };
 
+  // T N with p.colsum: the first row of tiles also sums op(B)'s columns (ColumnSums), as gemm_kernel does.
+  const bool sums = !AK && !PreB && p.colsum != nullptr && m0 == 0;
+  ColumnSums column_sums;
+
   float acc[R], c0[R], c1[R];
 #pragma unroll
   for (int i = 0; i < R; ++i) acc[i] = 0.0f, c0[i] = 0.0f, c1[i] = 0.0f;
@@ -824,6 +866,7 @@ __global__ void __launch_bounds__(T::threads, 1) wgmma_kernel(const Params p) {
   copy_wait<T::ring - 1>();
   float4 va[4], vb[4];
   load(va, vb, 0);
+  if (sums) column_sums.add(vb);
   store(va, vb, 0);
   fence_proxy_async();  // the split's stores (and landed copies), seen by the MMAs after the barrier
   __syncthreads();
@@ -868,6 +911,7 @@ __global__ void __launch_bounds__(T::threads, 1) wgmma_kernel(const Params p) {
     wgmma_commit();
     copy_wait<T::ring - 1>();
     load(va, vb, r1);
+    if (sums && kt + 1 < kts) column_sums.add(vb);
     store(va, vb, kt + 1);  // into stage (kt + 1) % 3, last read by k-tile kt - 2's MMAs (retired)
     if (kt > 0) {
       wgmma_wait<1>();  // k-tile kt - 1's MMAs (this warp's share; the barrier below: every warp's)
@@ -894,6 +938,7 @@ __global__ void __launch_bounds__(T::threads, 1) wgmma_kernel(const Params p) {
   } else {
     last(c1);
   }
+  if (sums) column_sums.write(p.colsum + bz * p.stride_c, p.n, n0, 16 * warp, lane);
 
   float e[2][T::BN / 8][2];
 #pragma unroll

@@ -32,6 +32,9 @@ struct Params {
   // 3xFP16 kernels: op(B) already split (gemm_f16x3::split_b), shared by every batch entry; null: split in
   // the kernel.
   const unsigned char* b_split = nullptr;
+  // 3xFP16 kernels, T N: where set, also each batch entry's column sums of op(B) over k, at colsum + entry *
+  // stride_c (gemm_f16x3_kernels.hpp's ColumnSums gives their order); null: none.
+  float* colsum = nullptr;
 };
 
 }  // namespace kernel_gemm
