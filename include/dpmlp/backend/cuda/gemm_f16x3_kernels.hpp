@@ -32,6 +32,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "dpmlp/activation.hpp"
 #include "dpmlp/backend/cuda/f16x3_layout.hpp"
@@ -315,7 +316,7 @@ __device__ __forceinline__ void read_pair(const Params& p, int row, int col, flo
 
 // Elements (row, col) and (row, col + 1) of batch entry bz's C from their sums v0, v1 and read_pair's e,
 // through the output form O (columns past n skipped; row < m).
-template <Out O>
+template <Out O, Activation A>
 __device__ __forceinline__ void write_pair(const Params& p, std::int64_t bz, int row, int col, float v0, float v1,
                                            const float (&e)[2]) {
   if (col >= p.n) return;
@@ -323,11 +324,11 @@ __device__ __forceinline__ void write_pair(const Params& p, std::int64_t bz, int
   const bool both = col + 1 < p.n;
   float v[2] = {v0, v1};
   if constexpr (O == Out::bias_activation) {
-    v[0] = dpmlp::detail::activate(p.act, v[0] + e[0]);
-    if (both) v[1] = dpmlp::detail::activate(p.act, v[1] + e[1]);
+    v[0] = dpmlp::detail::activate(A, v[0] + e[0]);
+    if (both) v[1] = dpmlp::detail::activate(A, v[1] + e[1]);
   } else if constexpr (O == Out::activation_grad) {
-    v[0] = v[0] * dpmlp::detail::activate_grad_from_output(p.act, e[0]);
-    if (both) v[1] = v[1] * dpmlp::detail::activate_grad_from_output(p.act, e[1]);
+    v[0] = v[0] * dpmlp::detail::activate_grad_from_output(A, e[0]);
+    if (both) v[1] = v[1] * dpmlp::detail::activate_grad_from_output(A, e[1]);
   } else {
     v[0] *= p.alpha, v[1] *= p.alpha;
     if (p.beta != 0.0f) {
@@ -340,6 +341,21 @@ __device__ __forceinline__ void write_pair(const Params& p, std::int64_t bz, int
   } else {
     crow[col] = v[0];
     if (both) crow[col + 1] = v[1];
+  }
+}
+
+// f(std::integral_constant<Activation, a>) for the call's activation a (identity for the linear form), so that
+// an epilogue's every element is the activation's own code, not a branch over the three.
+template <Out O, class F>
+__device__ __forceinline__ void with_activation(Activation a, F&& f) {
+  if constexpr (O == Out::linear) {
+    f(std::integral_constant<Activation, Activation::identity>());
+  } else if (a == Activation::relu) {
+    f(std::integral_constant<Activation, Activation::relu>());
+  } else if (a == Activation::tanh) {
+    f(std::integral_constant<Activation, Activation::tanh>());
+  } else {
+    f(std::integral_constant<Activation, Activation::identity>());
   }
 }
 
@@ -523,19 +539,21 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
       }
     }
   }
+  with_activation<O>(p.act, [&](auto act) {
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
+    for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = m0 + wm0 + 16 * mt + g + 8 * half;
-      if (row >= p.m) continue;
+      for (int half = 0; half < 2; ++half) {
+        const int row = m0 + wm0 + 16 * mt + g + 8 * half;
+        if (row >= p.m) continue;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        write_pair<O>(p, bz, row, n0 + wn0 + 8 * nt + 2 * t, acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1],
-                      e[mt][half][nt]);
+        for (int nt = 0; nt < NT; ++nt) {
+          write_pair<O, decltype(act)::value>(p, bz, row, n0 + wn0 + 8 * nt + 2 * t, acc[mt][nt][2 * half],
+                                              acc[mt][nt][2 * half + 1], e[mt][half][nt]);
+        }
       }
     }
-  }
+  });
 #else
   (void)p;
   __trap();  // f16x3_here() refuses devices below compute capability 8.0
@@ -949,15 +967,18 @@ __global__ void __launch_bounds__(T::threads, 1) wgmma_kernel(const Params p) {
       if (row < p.m) read_pair<O>(p, row, n0 + 8 * j + 2 * t, e[h][j]);
     }
   }
+  with_activation<O>(p.act, [&](auto act) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = m0 + row0 + 8 * h;
-    if (row >= p.m) continue;
+    for (int h = 0; h < 2; ++h) {
+      const int row = m0 + row0 + 8 * h;
+      if (row >= p.m) continue;
 #pragma unroll
-    for (int j = 0; j < T::BN / 8; ++j) {
-      write_pair<O>(p, bz, row, n0 + 8 * j + 2 * t, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], e[h][j]);
+      for (int j = 0; j < T::BN / 8; ++j) {
+        write_pair<O, decltype(act)::value>(p, bz, row, n0 + 8 * j + 2 * t, acc[4 * j + 2 * h],
+                                            acc[4 * j + 2 * h + 1], e[h][j]);
+      }
     }
-  }
+  });
 #else
   (void)p;
   __trap();  // gemm_wgmma() exists only where this was compiled for sm_90a
@@ -1201,18 +1222,21 @@ __global__ void __launch_bounds__(T::threads + 128, 1) wgmma_ws_kernel(const WsP
     // The epilogue a row at a time (h), each row's operands read before any of its outputs is written: half
     // of wgmma_kernel's registers for them, which the persistent loop needs (Y, for the activation's
     // gradient, already in L2: the producer prefetched it).
+    with_activation<O>(p.act, [&](auto act) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = m0 + row0 + 8 * h;
-      if (row >= p.m) continue;
-      float e[T::BN / 8][2];
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + row0 + 8 * h;
+        if (row >= p.m) continue;
+        float e[T::BN / 8][2];
 #pragma unroll
-      for (int j = 0; j < T::BN / 8; ++j) read_pair<O>(p, row, n0 + 8 * j + 2 * tq, e[j]);
+        for (int j = 0; j < T::BN / 8; ++j) read_pair<O>(p, row, n0 + 8 * j + 2 * tq, e[j]);
 #pragma unroll
-      for (int j = 0; j < T::BN / 8; ++j) {
-        write_pair<O>(p, bz, row, n0 + 8 * j + 2 * tq, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], e[j]);
+        for (int j = 0; j < T::BN / 8; ++j) {
+          write_pair<O, decltype(act)::value>(p, bz, row, n0 + 8 * j + 2 * tq, acc[4 * j + 2 * h],
+                                              acc[4 * j + 2 * h + 1], e[j]);
+        }
       }
-    }
+    });
   }
 #else
   (void)w;
