@@ -94,8 +94,6 @@ struct Buffer {
   Buffer& operator=(const Buffer&) = delete;
 };
 
-// A run of one GEMM: its error (epilogue_gemm_error), the elements of C's buffer (c_size floats from d.c)
-// outside C that changed, and C (batch entry 0).
 // Column j of B's (k x n, row-major, leading dimension ld) sum over its k rows in the order of the 3xFP16
 // kernels' ColumnSums (a T N GEMM's bias gradients): eight chains, chain g the rows r = g (mod 8) in row order
 // from +0 (zeros past k up to the last 32-row k-tile's end), combined ((c0 + c1) + (c2 + c3)) + ((c4 + c5) +
@@ -110,6 +108,29 @@ inline float f16x3_column_sum(const float* b, std::int64_t ld, int k, int j) {
   return ((chain[0] + chain[1]) + (chain[2] + chain[3])) + ((chain[4] + chain[5]) + (chain[6] + chain[7]));
 }
 
+// The T N kernels' column sums of each batch entry's B (k x n, row-major, entries sb apart) at sums + e * sc +
+// off + j against f16x3_column_sum, bit for bit, plus the elements of the `size`-float buffer outside them
+// that are not NaN (written astray): the count of both.
+inline int column_sums_wrong(const EpilogueGemm& t, const float* b, std::int64_t sb, const float* sums,
+                             std::int64_t sc, std::int64_t off, std::int64_t size) {
+  int wrong = 0;
+  std::vector<char> inside(size, 0);
+  for (std::int64_t e = 0; e < t.batch; ++e) {
+    for (int j = 0; j < t.n; ++j) {
+      const float want = f16x3_column_sum(b + e * sb, t.n, t.k, j);
+      const std::int64_t at = e * sc + off + j;
+      inside[at] = 1;
+      if (std::memcmp(&sums[at], &want, sizeof(float)) != 0) ++wrong;
+    }
+  }
+  for (std::int64_t i = 0; i < size; ++i) {
+    if (!inside[i] && !std::isnan(sums[i])) ++wrong;
+  }
+  return wrong;
+}
+
+// A run of one GEMM: its error (epilogue_gemm_error), the elements of C's buffer (c_size floats from d.c)
+// outside C that changed, and C (batch entry 0).
 struct Result {
   double worst = 0;      // max |C - exact| / sum |terms|
   int stray = 0;         // elements outside C that changed

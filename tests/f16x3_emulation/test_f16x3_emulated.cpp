@@ -43,27 +43,6 @@ using dpmlp_test::Result;
 
 std::int64_t backend_split_bytes(const Case& t) { return dpmlp::backend::f16x3_layout::split_b_bytes(t.n, t.k); }
 
-// The T N kernels' column sums of each batch entry's B (k x n, row-major, entries sb apart) at sums + e * sc +
-// off + j against their specified order (dpmlp_test::f16x3_column_sum), bit for bit; also counts the elements
-// of the c_size buffer outside the sums that are not NaN (written astray).
-int column_sums_wrong(const Case& t, const float* b, std::int64_t sb, const float* sums, std::int64_t sc,
-                      std::int64_t off, std::int64_t c_size) {
-  int wrong = 0;
-  std::vector<char> inside(c_size, 0);
-  for (std::int64_t e = 0; e < t.batch; ++e) {
-    for (int j = 0; j < t.n; ++j) {
-      const float want = dpmlp_test::f16x3_column_sum(b + e * sb, t.n, t.k, j);
-      const std::int64_t at = e * sc + off + j;
-      inside[at] = 1;
-      if (std::memcmp(&sums[at], &want, sizeof(float)) != 0) ++wrong;
-    }
-  }
-  for (std::int64_t i = 0; i < c_size; ++i) {
-    if (!inside[i] && !std::isnan(sums[i])) ++wrong;
-  }
-  return wrong;
-}
-
 // Case t on data drawn from `seed` (one generator an array, so a GEMM of fewer rows gets a prefix of the same
 // row-major A, Y and C), on the large tiles or the small ones; rows x weights (op(A) N) with one B for the
 // whole batch (batch stride 0), as the layered engine runs them, split beforehand by split_b where pre_b.
@@ -138,7 +117,7 @@ Result run(const Case& t, unsigned seed, bool large, bool pre_b, RowScale row_sc
   }
 
   Result r = dpmlp_test::result_of(t, {a.p, b.p, bias.p, y.p, c_old.data(), c.p, sa, sb, sc, off}, c_size);
-  if (at) r.sums_wrong = column_sums_wrong(t, b.p, sb, sums.p, sc, off, c_size);
+  if (at) r.sums_wrong = dpmlp_test::column_sums_wrong(t, b.p, sb, sums.p, sc, off, c_size);
   return r;
 }
 Result run(const Case& t, unsigned seed, bool large, bool pre_b = false, bool wgmma = false) {

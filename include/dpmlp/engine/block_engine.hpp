@@ -434,9 +434,7 @@ class BlockEngine {
       }
       // db_l[block] = sum over the block's rows of delta_l (block_column_sums' fixed order); the first layer's
       // beside its weight gradient (no delta follows it on `space`).
-      if (sum_from < sum_to) {
-        block_column_sums(l == 0 ? space : grads, "dpmlp::bias_grad", d.data(), ld_d, n_o, boff, sum_from, sum_to);
-      }
+      block_column_sums(l == 0 ? space : grads, "dpmlp::bias_grad", d.data(), ld_d, n_o, boff, sum_from, sum_to);
       if (l == 0) break;
       if (narrow) continue;
       // delta_{l-1} = (delta_l * W_l^T) .* act'(A_{l-1})
