@@ -158,7 +158,7 @@ def main():
     body, n_wgmma = re.subn(r"(wgmma_kernel<T, AK, BK_, O, PreB>)<<<(dim3\(.*?\)), T::threads,\s*S::bytes, stream>>>"
                             r"\(p\);", r"emulation::launch_warps(\1, \2, T::threads, S::bytes, stream, p);", body,
                             flags=re.DOTALL)
-    body, n_ws = re.subn(r"(wgmma_ws_kernel<T, O>)<<<(dim3\(.*?\)), T::threads \+ 128,\s*S::bytes, stream>>>\(w\);",
+    body, n_ws = re.subn(r"(wgmma_ws_kernel<T, O, Act>)<<<(dim3\(.*?\)), T::threads \+ 128,\s*S::bytes, stream>>>\(w\);",
                          r"emulation::launch_warps(\1, \2, T::threads + 128, S::bytes, stream, w);", body,
                          flags=re.DOTALL)
     body, n_split = re.subn(r"(detail::split_b_kernel<(?:true|false)>)<<<grid, 128, 0, stream>>>\((.*?)\);",
