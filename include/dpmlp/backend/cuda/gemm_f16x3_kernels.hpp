@@ -211,6 +211,13 @@ struct ColumnSums {
   }
 };
 
+// Whether warp `warp` of the CTA at rows m0.. sums its region of op(B)'s columns into p.colsum: the warps of
+// row tile w % tiles_m (each region once; every tile's warps share the work when there are several row tiles).
+__device__ __forceinline__ bool sums_region(const Params& p, int bm, int m0, int warp) {
+  const int tiles_m = (p.m + bm - 1) / bm;
+  return p.colsum != nullptr && warp % tiles_m == m0 / bm;
+}
+
 __device__ __forceinline__ float max4(const float4& v) {
   namespace h = backend::f16x3;
   return h::abs_max(h::abs_max(h::abs_max(fabsf(v.x), v.y), v.z), v.w);
@@ -438,8 +445,9 @@ __global__ void __launch_bounds__(T::threads, 1) gemm_kernel(const Params p) {
     if constexpr (!PreB) store_region<BK_, T::BN>(vb, b_hi(kt), b_lo(kt), b_scales(kt), 16 * warp, lane);
   };
 
-  // T N with p.colsum: the first row of tiles also sums op(B)'s columns (ColumnSums).
-  const bool sums = !AK && !BK_ && !PreB && p.colsum != nullptr && m0 == 0;
+  // T N with p.colsum: warp w's region of op(B)'s columns is also summed (ColumnSums) by the CTAs of row tile
+  // w % tiles_m, so each region once and the extra work spread over the row tiles.
+  const bool sums = !AK && !BK_ && !PreB && sums_region(p, T::BM, m0, warp);
   ColumnSums column_sums;
 
   float acc[MT][NT][4];
@@ -872,8 +880,8 @@ __global__ void __launch_bounds__(T::threads, 1) wgmma_kernel(const Params p) {
     }
   };
 
-  // T N with p.colsum: the first row of tiles also sums op(B)'s columns (ColumnSums), as gemm_kernel does.
-  const bool sums = !AK && !PreB && p.colsum != nullptr && m0 == 0;
+  // T N with p.colsum: warp w's region of op(B)'s columns also summed by row tile w % tiles_m, as in gemm_kernel.
+  const bool sums = !AK && !PreB && sums_region(p, T::BM, m0, warp);
   ColumnSums column_sums;
 
   float acc[R], c0[R], c1[R];
