@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // dpmlp/detail/async_copy.hpp: copies from global memory into a team's scratch with every copy in flight at
-// once, for the block tree's local kernel (BlockTreeReducer::reduce_local_in_scratch, reduction.hpp).
+// once, for the block tree's local kernel (BlockTreeReducer::reduce_local_in_scratch, reduction.hpp) and the
+// layered engine's narrow_forward.
 //
 // Why: that kernel first stages a subtree's partial sums (one value a block and column) in team scratch.
 // Written as loads into registers then stores, ptxas (sm_90) interleaves each load with its store to keep
@@ -28,6 +29,19 @@ KOKKOS_INLINE_FUNCTION void async_copy(T* dst, const T* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(src), "n"(sizeof(T)) : "memory");
 #else
   *dst = *src;
+#endif
+}
+
+// The same for the 16 bytes at src (16 / sizeof(T) values; dst and src 16-byte aligned): one copy on those
+// devices, so a thread has a quarter of the copies of 4-byte values to issue.
+template <class T>
+KOKKOS_INLINE_FUNCTION void async_copy16(T* dst, const T* src) {
+  static_assert(16 % sizeof(T) == 0, "async_copy16: values that tile 16 bytes");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
+#else
+  for (int i = 0; i < static_cast<int>(16 / sizeof(T)); ++i) dst[i] = src[i];
 #endif
 }
 

@@ -591,6 +591,10 @@ class BlockEngine {
       const int PW = (n_in + 3) / 4 * 4;
       const int P = (PW / 4) % 2 == 1 ? PW : PW + 4;
       const int dr = T / n_in, dc = T % n_in;  // T elements on: rows and columns
+      // Rows of whole 16-byte groups (and in 16-byte aligned): copied a group at a time. P is a multiple of 4, so
+      // every row of the tile starts 16-byte aligned too.
+      constexpr int V = static_cast<int>(16 / sizeof(Scalar));
+      const bool wide = n_in % V == 0 && reinterpret_cast<std::uintptr_t>(in) % 16 == 0;
       using policy_t = Kokkos::TeamPolicy<ExecSpace>;
       // The scratch the space gives a team, with room for the two allocations' alignment.
       int TR = (static_cast<int>(policy_t::scratch_size_max(0) / sizeof(Scalar)) - n_out * PW - 64) / P;
@@ -617,14 +621,25 @@ class BlockEngine {
         Scalar* wt = static_cast<Scalar*>(team.team_scratch(0).get_shmem_aligned(w_bytes, 16));
         const Scalar* src = in + r0 * n_in;
         // Element e = row * n_in + col of the team's rows goes to tile[row * P + col], every copy in flight at
-        // once (detail::async_copy). A thread's elements are T apart: (row, col) advances by (dr, dc) with one
-        // carry, no division.
-        int row = id / n_in, col = id % n_in;
-        for (int e = id; e < count; e += T) {
-          detail::async_copy(&tile[row * P + col], &src[e]);
-          col += dc;
-          row += dr;
-          if (col >= n_in) col -= n_in, ++row;
+        // once (detail::async_copy). A thread's elements (or groups of V) are T apart: (row, col) advances by
+        // (dr, dc) with one carry, no division.
+        if (wide) {
+          const int groups = n_in / V, gdr = T / groups, gdc = T % groups;
+          int row = id / groups, g = id % groups;
+          for (int e = id; e < nr * groups; e += T) {
+            detail::async_copy16(&tile[row * P + g * V], &src[e * V]);
+            g += gdc;
+            row += gdr;
+            if (g >= groups) g -= groups, ++row;
+          }
+        } else {
+          int row = id / n_in, col = id % n_in;
+          for (int e = id; e < count; e += T) {
+            detail::async_copy(&tile[row * P + col], &src[e]);
+            col += dc;
+            row += dr;
+            if (col >= n_in) col -= n_in, ++row;
+          }
         }
         for (int e = id; e < n_in * n_out; e += T) detail::async_copy(&wt[(e % n_out) * PW + e / n_out], &w[e]);
         detail::async_copy_wait();
