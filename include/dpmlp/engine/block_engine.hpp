@@ -591,7 +591,7 @@ class BlockEngine {
       const int PW = (n_in + 3) / 4 * 4;
       const int P = (PW / 4) % 2 == 1 ? PW : PW + 4;
       const int dr = T / n_in, dc = T % n_in;  // T elements on: rows and columns
-      // Rows of whole 16-byte groups (and in 16-byte aligned): copied a group at a time. P is a multiple of 4, so
+      // Rows of whole 16-byte groups (and `in` 16-byte aligned): copied a group at a time. P is a multiple of 4, so
       // every row of the tile starts 16-byte aligned too.
       constexpr int V = static_cast<int>(16 / sizeof(Scalar));
       const bool wide = n_in % V == 0 && reinterpret_cast<std::uintptr_t>(in) % 16 == 0;
