@@ -352,9 +352,10 @@ __device__ __forceinline__ void write_pair(const Params& p, std::int64_t bz, int
 }
 
 // f(std::integral_constant<Activation, a>) for the call's activation a (identity for the linear form), so that
-// an epilogue's every element is the activation's own code, not a branch over the three.
+// an epilogue's every element is the activation's own code, not a branch over the three (in a kernel, or on
+// the host to pick a kernel instantiated for it).
 template <Out O, class F>
-__device__ __forceinline__ void with_activation(Activation a, F&& f) {
+__host__ __device__ __forceinline__ void with_activation(Activation a, F&& f) {
   if constexpr (O == Out::linear) {
     f(std::integral_constant<Activation, Activation::identity>());
   } else if (a == Activation::relu) {
@@ -1271,13 +1272,9 @@ cudaError_t launch_wgmma_ws_as(cudaStream_t stream, const Params& p, int batch) 
 }
 template <class T, Out O>
 cudaError_t launch_wgmma_ws(cudaStream_t stream, const Params& p, int batch) {
-  if constexpr (O == Out::linear) {
-    return launch_wgmma_ws_as<T, O, Activation::identity>(stream, p, batch);
-  } else {
-    if (p.act == Activation::relu) return launch_wgmma_ws_as<T, O, Activation::relu>(stream, p, batch);
-    if (p.act == Activation::tanh) return launch_wgmma_ws_as<T, O, Activation::tanh>(stream, p, batch);
-    return launch_wgmma_ws_as<T, O, Activation::identity>(stream, p, batch);
-  }
+  cudaError_t e = cudaSuccess;
+  with_activation<O>(p.act, [&](auto act) { e = launch_wgmma_ws_as<T, O, decltype(act)::value>(stream, p, batch); });
+  return e;
 }
 
 }  // namespace detail
