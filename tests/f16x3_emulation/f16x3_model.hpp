@@ -276,8 +276,13 @@ inline void expect_tx(unsigned address, unsigned bytes) {
 inline void wait(unsigned address, unsigned parity) {
   std::unique_lock<std::mutex> lock(mutex);
   State* b = &at(address);
-  // The phase of this parity is complete once the current phase's parity differs.
-  cv.wait(lock, [&] { return (b->phase & 1) != static_cast<long long>(parity & 1); });
+  // The phase of this parity is complete once the current phase's parity differs. A wait that lasts minutes
+  // (every test's kernels finish in seconds, under ThreadSanitizer too) is a deadlock: it fails rather than
+  // hangs the test.
+  if (!cv.wait_for(lock, std::chrono::seconds(300),
+                   [&] { return (b->phase & 1) != static_cast<long long>(parity & 1); })) {
+    fail("mbarrier: a wait whose phase never completes (a deadlock)");
+  }
   if (b->unfenced_of[parity & 1]) passed_unfenced = true;
   ++waits;
 }
