@@ -35,8 +35,9 @@
 //     state beside the shared memory, keyed by its address; a phase completes when its arrivals and its
 //     transaction bytes are all in. They carry the async-proxy rule too: a thread that passes a wait on a phase
 //     some thread arrived at with unfenced stores fails at its next wgmma. A bulk copy (cp.async.bulk to
-//     shared memory) lands when issued, as an async-proxy write, and completes its bytes on its mbarrier;
-//     setmaxnreg does nothing.
+//     shared memory) lands when issued, as an async-proxy write, and completes its bytes on its mbarrier; a
+//     wait whose phase has not completed after 300 s is a deadlock (a missing arrival or a parity one phase
+//     off) and fails instead of hanging the test; setmaxnreg does nothing.
 #pragma once
 
 #include "emulation.hpp"
