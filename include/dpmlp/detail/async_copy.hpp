@@ -45,6 +45,17 @@ KOKKOS_INLINE_FUNCTION void async_copy16(T* dst, const T* src) {
 #endif
 }
 
+// async_copy (N = 1) or async_copy16 (N values of 16 bytes in all), for code written once for both widths.
+template <int N, class T>
+KOKKOS_INLINE_FUNCTION void async_copy_n(T* dst, const T* src) {
+  static_assert(N == 1 || N * sizeof(T) == 16, "async_copy_n: one value, or 16 bytes of them");
+  if constexpr (N == 1) {
+    async_copy(dst, src);
+  } else {
+    async_copy16(dst, src);
+  }
+}
+
 // Waits until every async_copy this thread issued has landed.
 KOKKOS_INLINE_FUNCTION void async_copy_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

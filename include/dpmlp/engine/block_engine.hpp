@@ -590,7 +590,6 @@ class BlockEngine {
       // banks.
       const int PW = (n_in + 3) / 4 * 4;
       const int P = (PW / 4) % 2 == 1 ? PW : PW + 4;
-      const int dr = T / n_in, dc = T % n_in;  // T elements on: rows and columns
       // Rows of whole 16-byte groups (and `in` 16-byte aligned): copied a group at a time. P is a multiple of 4, so
       // every row of the tile starts 16-byte aligned too.
       constexpr int V = static_cast<int>(16 / sizeof(Scalar));
@@ -616,30 +615,28 @@ class BlockEngine {
       Kokkos::parallel_for("dpmlp::narrow_forward", policy, KOKKOS_LAMBDA(const member_t& team) {
         const std::int64_t r0 = static_cast<std::int64_t>(team.league_rank()) * TR;
         const int nr = rows - r0 < TR ? static_cast<int>(rows - r0) : TR;
-        const int id = team.team_rank(), count = nr * n_in;
+        const int id = team.team_rank();
         Scalar* tile = static_cast<Scalar*>(team.team_scratch(0).get_shmem_aligned(tile_bytes, 16));
         Scalar* wt = static_cast<Scalar*>(team.team_scratch(0).get_shmem_aligned(w_bytes, 16));
         const Scalar* src = in + r0 * n_in;
-        // Element e = row * n_in + col of the team's rows goes to tile[row * P + col], every copy in flight at
-        // once (detail::async_copy). A thread's elements (or groups of V) are T apart: (row, col) advances by
-        // (dr, dc) with one carry, no division.
-        if (wide) {
-          const int groups = n_in / V, gdr = T / groups, gdc = T % groups;
+        // Group e = row * groups + g of N values (N = V where wide, else 1) of the team's rows goes to
+        // tile[row * P + g * N], every copy in flight at once (detail::async_copy_n). A thread's groups are T
+        // apart: (row, g) advances by (T / groups, T % groups) with one carry, no division.
+        const auto copy_rows = [&](auto width) {
+          constexpr int N = decltype(width)::value;
+          const int groups = n_in / N, gdr = T / groups, gdc = T % groups;
           int row = id / groups, g = id % groups;
           for (int e = id; e < nr * groups; e += T) {
-            detail::async_copy16(&tile[row * P + g * V], &src[e * V]);
+            detail::async_copy_n<N>(&tile[row * P + g * N], &src[e * N]);
             g += gdc;
             row += gdr;
             if (g >= groups) g -= groups, ++row;
           }
+        };
+        if (wide) {
+          copy_rows(std::integral_constant<int, V>());
         } else {
-          int row = id / n_in, col = id % n_in;
-          for (int e = id; e < count; e += T) {
-            detail::async_copy(&tile[row * P + col], &src[e]);
-            col += dc;
-            row += dr;
-            if (col >= n_in) col -= n_in, ++row;
-          }
+          copy_rows(std::integral_constant<int, 1>());
         }
         for (int e = id; e < n_in * n_out; e += T) detail::async_copy(&wt[(e % n_out) * PW + e / n_out], &w[e]);
         detail::async_copy_wait();
