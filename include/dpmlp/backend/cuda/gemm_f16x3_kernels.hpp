@@ -803,6 +803,23 @@ struct WgmmaSmem {
   static constexpr int bytes = 3 * stage + T::ring * ring_slot + b_ring * b_slot + 1024;
 };
 
+// A chain's sums ch, times their rows' scales (sca, by the tile's row) and their columns' (scb, by the tile's
+// column), into the fp32 sums acc; both in the wgmma accumulator map (register 4j + 2h + e: row row0 + 8h,
+// column 8j + 2 tq + e).
+template <int R>
+__device__ __forceinline__ void add_scaled_chain(float (&acc)[R], const float (&ch)[R], const float* sca,
+                                                 const float* scb, int row0, int tq) {
+  const float sa0 = sca[row0], sa1 = sca[row0 + 8];
+#pragma unroll
+  for (int j = 0; j < R / 4; ++j) {
+    const float2 sb = *reinterpret_cast<const float2*>(scb + 8 * j + 2 * tq);
+    acc[4 * j + 0] = fmaf(ch[4 * j + 0], sa0 * sb.x, acc[4 * j + 0]);
+    acc[4 * j + 1] = fmaf(ch[4 * j + 1], sa0 * sb.y, acc[4 * j + 1]);
+    acc[4 * j + 2] = fmaf(ch[4 * j + 2], sa1 * sb.x, acc[4 * j + 2]);
+    acc[4 * j + 3] = fmaf(ch[4 * j + 3], sa1 * sb.y, acc[4 * j + 3]);
+  }
+}
+
 template <class T, bool AK, bool BK_, Out O, bool PreB>
 __global__ void __launch_bounds__(T::threads, 1) wgmma_kernel(const Params p) {
 #if defined(DPMLP_F16X3_WGMMA)
@@ -907,17 +924,7 @@ __global__ void __launch_bounds__(T::threads, 1) wgmma_kernel(const Params p) {
       (AK ? 64u * 64u : 2u * backend::f16x3_layout::k_major_atom) * static_cast<unsigned>(warp >> 2);
   // A chain's sums, times their rows' and columns' scales (k-tile kt's), into the fp32 sums.
   auto add_chain = [&](const float (&ch)[R], int kt) {
-    const float* sca = a_scales(kt % 3);
-    const float* scb = b_scales(kt);
-    const float sa0 = sca[row0], sa1 = sca[row0 + 8];
-#pragma unroll
-    for (int j = 0; j < T::BN / 8; ++j) {
-      const float2 sb = *reinterpret_cast<const float2*>(scb + 8 * j + 2 * t);
-      acc[4 * j + 0] = fmaf(ch[4 * j + 0], sa0 * sb.x, acc[4 * j + 0]);
-      acc[4 * j + 1] = fmaf(ch[4 * j + 1], sa0 * sb.y, acc[4 * j + 1]);
-      acc[4 * j + 2] = fmaf(ch[4 * j + 2], sa1 * sb.x, acc[4 * j + 2]);
-      acc[4 * j + 3] = fmaf(ch[4 * j + 3], sa1 * sb.y, acc[4 * j + 3]);
-    }
+    add_scaled_chain(acc, ch, a_scales(kt % 3), b_scales(kt), row0, t);
   };
   int r = 0;  // kt % T::ring
   // K-tile kt: its MMAs into cur; while they run, k-tile kt + 1's split and k-tile kt - 1's chain (prev).
@@ -1165,17 +1172,7 @@ __global__ void __launch_bounds__(T::threads + 128, 1) wgmma_ws_kernel(const WsP
   const int row0 = 64 * (warp >> 2) + 16 * (warp & 3) + g;
   const unsigned a_rows = 64u * 64u * static_cast<unsigned>(warp >> 2);
   auto add_chain = [&](const float (&ch)[R], int s) {
-    const float* sca = a_scales(s);
-    const float* scb = b_scales(s);
-    const float sa0 = sca[row0], sa1 = sca[row0 + 8];
-#pragma unroll
-    for (int j = 0; j < T::BN / 8; ++j) {
-      const float2 sb = *reinterpret_cast<const float2*>(scb + 8 * j + 2 * tq);
-      acc[4 * j + 0] = fmaf(ch[4 * j + 0], sa0 * sb.x, acc[4 * j + 0]);
-      acc[4 * j + 1] = fmaf(ch[4 * j + 1], sa0 * sb.y, acc[4 * j + 1]);
-      acc[4 * j + 2] = fmaf(ch[4 * j + 2], sa1 * sb.x, acc[4 * j + 2]);
-      acc[4 * j + 3] = fmaf(ch[4 * j + 3], sa1 * sb.y, acc[4 * j + 3]);
-    }
+    add_scaled_chain(acc, ch, a_scales(s), b_scales(s), row0, tq);
   };
   unsigned it = 0;  // the tile's first k-tile in the CTA's sequence
   // K-tile kt: wait for its stage, its MMAs into cur; while they run, k-tile kt - 1's chain (prev), then its
