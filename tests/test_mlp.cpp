@@ -731,6 +731,7 @@ TEST_CASE("3xFP16 GEMMs: value_and_grad matches the fp64 reference with the laye
         {{32, 64, 96, 2}, dpmlp::Activation::identity, 333},
         {{16, 256, 256, 1}, dpmlp::Activation::relu, 20000},
         {{16, 132, 132, 3}, dpmlp::Activation::tanh, 17000},
+        {{16, 320, 320, 1}, dpmlp::Activation::relu, 17000},  // three column tiles, the last partial
     };
     std::mt19937 gen(19);
     for (const auto& pr : problems) {
