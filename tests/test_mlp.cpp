@@ -724,7 +724,7 @@ TEST_CASE("3xFP16 GEMMs: value_and_grad matches the fp64 reference with the laye
     // Forward, delta and per-block weight-gradient GEMMs of n >= 64 on the 3xFP16 kernels (the plan's flag
     // reaching each), the narrower ones on CUTLASS's; blocks of the default size and short ones. Rows enough
     // for the large tile (16384 and more): on Hopper the forward and delta GEMMs run warp-specialized (the
-    // second shape with a partial column tile).
+    // 132- and 320-wide shapes with a partial column tile).
     const std::vector<Problem> problems = {
         {{32, 128, 128, 128, 128, 4}, dpmlp::Activation::tanh, 400},
         {{16, 256, 256, 256, 1}, dpmlp::Activation::relu, 300},
